@@ -1,0 +1,44 @@
+"""`tidal` command line: run the operator, write CRDs, run the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cmd_crds(args: argparse.Namespace) -> int:
+    from tidal.model.crd import render_crds, write_crds
+
+    if args.check:
+        drifted = [
+            name
+            for name, text in render_crds().items()
+            if not (args.out / name).exists() or (args.out / name).read_text() != text
+        ]
+        for name in drifted:
+            print(f"{args.out / name}: differs from the models; run `tidal crds`", file=sys.stderr)
+        return 1 if drifted else 0
+    for path in write_crds(args.out):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidal", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    crds = sub.add_parser("crds", help="write the CRDs generated from the models")
+    crds.add_argument("--out", type=Path, default=Path("crds"), help="directory (default: crds)")
+    crds.add_argument("--check", action="store_true", help="exit 1 if the files differ from the models")
+    crds.set_defaults(func=_cmd_crds)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""InferencePool: replicas of tp*ep GPUs, each replica's group inside one supernode."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, field_validator, model_validator
+
+from tidal.model.common import ApiModel, Condition
+from tidal.model.training_job import DEFAULT_ACCELERATOR, GroupPlacement
+
+HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+class ScheduleWindow(ApiModel):
+    """A daily time window with a replica floor; an end before the start wraps past midnight."""
+
+    start: str = Field(pattern=HHMM, description="Local start time, HH:MM.")
+    end: str = Field(pattern=HHMM, description="Local end time, HH:MM (exclusive).")
+    min_replicas: int = Field(ge=0, le=100_000, description="Replica floor while the window is open.")
+
+
+class ScheduleSpec(ApiModel):
+    """Time-of-day replica floors; outside every window the pool's minReplicas applies."""
+
+    timezone: str = Field(default="UTC", description="IANA time zone of the windows, e.g. Asia/Shanghai.")
+    windows: list[ScheduleWindow] = Field(default_factory=list, description="Daily windows.")
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, tz: str) -> str:
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError) as e:
+            raise ValueError(f"unknown time zone {tz!r}") from e
+        return tz
+
+
+class PrometheusSource(ApiModel):
+    """A Prometheus instant query that returns the pool's current request rate."""
+
+    url: str = Field(min_length=1, description="Base URL of the Prometheus HTTP API.")
+    query: str = Field(min_length=1, description="PromQL returning one sample: requests per second.")
+
+
+class LoadSpec(ApiModel):
+    """Live load signal: replicas = ceil(current rate / target rate per replica)."""
+
+    target_per_replica: float = Field(gt=0, description="Requests per second one replica should serve.")
+    source: Literal["Status", "Prometheus"] = Field(
+        default="Status",
+        description="Status: read status.load.currentRate (any autoscaler may write it); "
+        "Prometheus: run the query in `prometheus`.",
+    )
+    prometheus: PrometheusSource | None = Field(default=None, description="Query for source=Prometheus.")
+
+    @model_validator(mode="after")
+    def _source_configured(self) -> LoadSpec:
+        if self.source == "Prometheus" and self.prometheus is None:
+            raise ValueError("spec.load.prometheus: is required when source is Prometheus")
+        return self
+
+
+class InferencePoolSpec(ApiModel):
+    """A pool of inference replicas whose size follows a day/night schedule and live load."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "spec.minReplicas: must be <= maxReplicas",
+                    "fieldPath": ".minReplicas",
+                },
+                {
+                    "rule": "(self.tp * self.ep) % self.gpusPerPod == 0",
+                    "message": "spec.gpusPerPod: must divide tp*ep",
+                    "fieldPath": ".gpusPerPod",
+                },
+                {
+                    "rule": "!has(self.schedule) || self.schedule.windows.all(w, w.minReplicas <= self.maxReplicas)",
+                    "message": "spec.schedule.windows: minReplicas must be <= maxReplicas",
+                    "fieldPath": ".schedule",
+                },
+            ]
+        }
+    }
+
+    min_replicas: int = Field(default=0, ge=0, le=100_000, description="Replica floor outside schedule windows.")
+    max_replicas: int = Field(ge=0, le=100_000, description="Replica ceiling.")
+    tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree of one replica.")
+    ep: int = Field(default=1, ge=1, le=1024, description="Expert-parallel degree of one replica.")
+    gpus_per_pod: int = Field(ge=1, le=128, description="Accelerators per pod; must divide tp*ep.")
+    accelerator: str = Field(default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name.")
+    template: dict[str, Any] = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
+    priority: int = Field(default=1000, ge=-1_000_000, le=1_000_000, description="Priority against training.")
+    schedule: ScheduleSpec | None = Field(default=None, description="Time-of-day replica floors.")
+    load: LoadSpec | None = Field(default=None, description="Load signal that may raise replicas above the floor.")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> InferencePoolSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"spec.minReplicas: {self.min_replicas} is greater than maxReplicas={self.max_replicas}")
+        if (self.tp * self.ep) % self.gpus_per_pod:
+            raise ValueError(f"spec.gpusPerPod: {self.gpus_per_pod} does not divide tp*ep={self.tp * self.ep}")
+        for i, w in enumerate(self.schedule.windows if self.schedule else []):
+            if w.min_replicas > self.max_replicas:
+                raise ValueError(
+                    f"spec.schedule.windows[{i}].minReplicas: {w.min_replicas} is greater than "
+                    f"maxReplicas={self.max_replicas}"
+                )
+        return self
+
+    @property
+    def replica_gpus(self) -> int:
+        return self.tp * self.ep
+
+
+class LoadStatus(ApiModel):
+    """Load as last observed; `currentRate` may be written by any autoscaler."""
+
+    current_rate: float | None = Field(default=None, ge=0, description="Requests per second across the pool.")
+    observed_at: str | None = Field(default=None, description="When the rate was observed.")
+
+
+class InferencePoolStatus(ApiModel):
+    """Observed state of an InferencePool."""
+
+    desired_replicas: int = Field(default=0, ge=0, description="max(schedule floor, load) within bounds.")
+    placed_replicas: int = Field(default=0, ge=0, description="Replicas with all pods created and pinned.")
+    ready_replicas: int = Field(default=0, ge=0, description="Replicas whose pods are all Running.")
+    reason: str = Field(default="", description="Why desired and placed differ, with numbers.")
+    placement: list[GroupPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
+    load: LoadStatus | None = Field(default=None, description="Load signal.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

@@ -1,0 +1,162 @@
+"""TrainingJob: a gang of tp*ep*pp*dp GPUs whose every tp*ep group sits inside one supernode."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tidal.model.common import ApiModel, Condition
+
+DEFAULT_ACCELERATOR = "nvidia.com/gpu"
+
+
+class ElasticSpec(ApiModel):
+    """Range the data-parallel degree may move in when capacity is shrunk or grown."""
+
+    min_dp: int = Field(alias="minDP", ge=1, le=100_000, description="Fewest DP replicas the job may run with.")
+    max_dp: int = Field(alias="maxDP", ge=1, le=100_000, description="Most DP replicas the job may grow to.")
+
+
+class CheckpointSpec(ApiModel):
+    """How tidal asks the job to checkpoint before it evicts any of its pods.
+
+    tidal sets the annotation tidal.dev/checkpoint-requested=<timestamp> on the job and its pods;
+    the job answers by setting tidal.dev/checkpoint-done=<same timestamp> on the TrainingJob.
+    """
+
+    grace_period_seconds: int = Field(
+        default=300, ge=0, le=86_400, description="How long to wait for checkpoint-done before evicting anyway."
+    )
+
+
+class RestartPolicySpec(ApiModel):
+    """What to restart when a node or pod of the job fails."""
+
+    scope: Literal["Group", "Gang"] = Field(
+        default="Group",
+        description="Group re-places only the broken HBD groups (spares of the same supernode first); "
+        "Gang re-places the whole job.",
+    )
+    max_restarts: int = Field(default=3, ge=0, le=1000, description="Restarts allowed before the job Fails.")
+
+
+class TrainingJobSpec(ApiModel):
+    """A distributed training job placed as one gang: all pods start together or none do."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.gpusPerPod % (self.tp * self.ep) == 0 || (self.tp * self.ep) % self.gpusPerPod == 0",
+                    "message": "spec.gpusPerPod: must divide tp*ep or be a multiple of it",
+                    "fieldPath": ".gpusPerPod",
+                },
+                {
+                    "rule": "(self.tp * self.ep * self.pp * self.dp) % self.gpusPerPod == 0",
+                    "message": "spec.gpusPerPod: must divide the world size tp*ep*pp*dp",
+                    "fieldPath": ".gpusPerPod",
+                },
+                {
+                    "rule": "!has(self.elastic) || (self.elastic.minDP <= self.dp && self.dp <= self.elastic.maxDP)",
+                    "message": "spec.dp: must lie within elastic.minDP..elastic.maxDP",
+                    "fieldPath": ".dp",
+                },
+            ]
+        }
+    }
+
+    tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree.")
+    ep: int = Field(default=1, ge=1, le=1024, description="Expert-parallel degree.")
+    pp: int = Field(default=1, ge=1, le=1024, description="Pipeline-parallel degree (stages).")
+    dp: int = Field(default=1, ge=1, le=100_000, description="Data-parallel degree (replicas).")
+    gpus_per_pod: int = Field(
+        ge=1, le=128, description="Accelerators per pod; must divide tp*ep or be a multiple of it."
+    )
+    accelerator: str = Field(
+        default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name, e.g. nvidia.com/gpu."
+    )
+    template: dict[str, Any] = Field(description="Pod template (a PodTemplateSpec) for every rank of the job.")
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, description="Higher goes first and may preempt.")
+    preemptible: bool = Field(default=False, description="Whether higher-priority work may suspend or shrink it.")
+    elastic: ElasticSpec | None = Field(default=None, description="Allowed DP range for shrink/expand.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint contract.")
+    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="Failure handling.")
+    suspend: bool = Field(default=False, description="Set true to checkpoint and release all GPUs.")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> TrainingJobSpec:
+        hbd = self.tp * self.ep
+        if self.gpus_per_pod % hbd and hbd % self.gpus_per_pod:
+            raise ValueError(
+                f"spec.gpusPerPod: {self.gpus_per_pod} does not divide tp*ep={hbd} and is not a multiple of it"
+            )
+        if self.world_size % self.gpus_per_pod:
+            raise ValueError(
+                f"spec.gpusPerPod: {self.gpus_per_pod} does not divide the world size tp*ep*pp*dp={self.world_size}"
+            )
+        if self.elastic is not None:
+            e = self.elastic
+            if e.min_dp > e.max_dp:
+                raise ValueError(f"spec.elastic.minDP: {e.min_dp} is greater than maxDP={e.max_dp}")
+            if not e.min_dp <= self.dp <= e.max_dp:
+                raise ValueError(f"spec.dp: {self.dp} is outside elastic.minDP..maxDP={e.min_dp}..{e.max_dp}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.ep * self.pp * self.dp
+
+    @property
+    def hbd_group_gpus(self) -> int:
+        """GPUs of one tensor/expert-parallel group: they must share one supernode."""
+        return self.tp * self.ep
+
+    @property
+    def placement_group_gpus(self) -> int:
+        """The unit placed inside one supernode: an HBD group, or a whole pod when a pod holds several."""
+        return max(self.hbd_group_gpus, self.gpus_per_pod)
+
+    def placement_groups(self, dp: int | None = None) -> int:
+        return self.tp * self.ep * self.pp * (dp or self.dp) // self.placement_group_gpus
+
+
+class JobPhase(StrEnum):
+    PENDING = "Pending"
+    ADMITTED = "Admitted"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class PodPlacement(ApiModel):
+    """Where one rank runs."""
+
+    rank: int = Field(ge=0, description="Global rank of the pod's first GPU / process.")
+    node: str = Field(description="Node the pod is pinned to.")
+
+
+class GroupPlacement(ApiModel):
+    """One HBD group and the supernode that holds it whole."""
+
+    group: int = Field(ge=0, description="Index of the group within the job.")
+    supernode: str = Field(description="Supernode holding every GPU of the group.")
+    nodes: list[str] = Field(default_factory=list, description="Nodes of the group's pods, in rank order.")
+
+
+class TrainingJobStatus(ApiModel):
+    """Observed state of a TrainingJob."""
+
+    phase: JobPhase = Field(default=JobPhase.PENDING, description="Lifecycle phase.")
+    reason: str = Field(default="", description="Why the job is in this phase (for Pending: the numbers).")
+    world_size: int | None = Field(default=None, description="tp*ep*pp*dp of the running shape.")
+    current_dp: int | None = Field(default=None, alias="currentDP", description="DP degree it runs with now.")
+    placement: list[GroupPlacement] = Field(default_factory=list, description="Group -> supernode -> nodes.")
+    supernodes: int | None = Field(default=None, description="Number of supernodes the job spans.")
+    restarts: int = Field(default=0, ge=0, description="Restarts after failures so far.")
+    admitted_at: str | None = Field(default=None, description="When the gang was last admitted.")
+    conditions: list[Condition] = Field(default_factory=list, description="Admitted, Running, Preempted...")
+    observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

@@ -1,0 +1,178 @@
+"""A point-in-time view of the cluster's accelerators, free of any Kubernetes types.
+
+The operator builds it from informer caches, the simulator and benchmarks from plain data.
+Per-supernode histograms of free GPUs per node are kept incrementally, so the placement engine
+can count how many pods of a given size a supernode holds without walking its nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class NodeState:
+    name: str
+    supernode: str
+    gpus: int
+    allocated: int = 0
+    ready: bool = True
+    cordoned: bool = False
+    spare: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.ready and not self.cordoned
+
+    @property
+    def free(self) -> int:
+        """Unrequested GPUs on a usable node; a failed or cordoned node offers nothing."""
+        return max(self.gpus - self.allocated, 0) if self.usable else 0
+
+
+@dataclass(slots=True)
+class SupernodeState:
+    name: str
+    accelerator: str = "nvidia.com/gpu"
+    nodes: list[str] = field(default_factory=list)
+    block: str | None = None
+    spine: str | None = None
+    zone: str | None = None
+
+
+class OverbookedError(ValueError):
+    """An allocation would exceed a node's free GPUs."""
+
+
+class ClusterSnapshot:
+    def __init__(self, supernodes: Iterable[SupernodeState] = (), nodes: Iterable[NodeState] = ()):
+        self.supernodes: dict[str, SupernodeState] = {}
+        self.nodes: dict[str, NodeState] = {}
+        # supernode -> Counter(free GPUs per node -> node count), for usable non-spare / spare nodes
+        self._free_hist: dict[str, Counter[int]] = {}
+        self._spare_hist: dict[str, Counter[int]] = {}
+        for sn in supernodes:
+            self.add_supernode(sn)
+        for node in nodes:
+            self.add_node(node)
+
+    # -- building -------------------------------------------------------------------------
+    def add_supernode(self, sn: SupernodeState) -> None:
+        if sn.name in self.supernodes:
+            raise ValueError(f"duplicate supernode {sn.name}")
+        members = list(sn.nodes)
+        sn.nodes = []
+        self.supernodes[sn.name] = sn
+        self._free_hist[sn.name] = Counter()
+        self._spare_hist[sn.name] = Counter()
+        for name in members:
+            if name in self.nodes:
+                self._attach(self.nodes[name])
+
+    def add_node(self, node: NodeState) -> None:
+        if node.name in self.nodes:
+            raise ValueError(f"duplicate node {node.name}")
+        if node.allocated < 0:
+            raise ValueError(f"node {node.name}: negative allocation")
+        self.nodes[node.name] = node
+        if node.supernode in self.supernodes:
+            self._attach(node)
+
+    def _attach(self, node: NodeState) -> None:
+        sn = self.supernodes[node.supernode]
+        if node.name not in sn.nodes:
+            sn.nodes.append(node.name)
+        self._hist_add(node, +1)
+
+    def _hist_add(self, node: NodeState, delta: int) -> None:
+        hist = self._spare_hist if node.spare else self._free_hist
+        if node.supernode not in hist:
+            return
+        counter = hist[node.supernode]
+        counter[node.free] += delta
+        if counter[node.free] == 0:
+            del counter[node.free]
+
+    def update_node(self, name: str, **changes: object) -> None:
+        """Change ready/cordoned/spare/gpus/allocated of a node, keeping the histograms right."""
+        node = self.nodes[name]
+        self._hist_add(node, -1)
+        for key, value in changes.items():
+            setattr(node, key, value)
+        self._hist_add(node, +1)
+
+    # -- allocation -----------------------------------------------------------------------
+    def allocate(self, name: str, gpus: int) -> None:
+        node = self.nodes[name]
+        if gpus > node.free:
+            raise OverbookedError(f"node {name}: {gpus} GPUs requested, {node.free} free")
+        self.update_node(name, allocated=node.allocated + gpus)
+
+    def release(self, name: str, gpus: int) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return  # a node that vanished took its allocation with it
+        self.update_node(name, allocated=max(node.allocated - gpus, 0))
+
+    def copy(self) -> ClusterSnapshot:
+        clone = ClusterSnapshot.__new__(ClusterSnapshot)
+        clone.supernodes = {
+            k: SupernodeState(v.name, v.accelerator, list(v.nodes), v.block, v.spine, v.zone)
+            for k, v in self.supernodes.items()
+        }
+        clone.nodes = {
+            k: NodeState(v.name, v.supernode, v.gpus, v.allocated, v.ready, v.cordoned, v.spare)
+            for k, v in self.nodes.items()
+        }
+        clone._free_hist = {k: Counter(v) for k, v in self._free_hist.items()}
+        clone._spare_hist = {k: Counter(v) for k, v in self._spare_hist.items()}
+        return clone
+
+    # -- queries --------------------------------------------------------------------------
+    def pod_slots(self, supernode: str, gpus_per_pod: int, include_spares: bool = False) -> int:
+        """How many pods of gpus_per_pod fit in the supernode's free GPUs (pods never span nodes)."""
+        slots = sum(n * (free // gpus_per_pod) for free, n in self._free_hist[supernode].items())
+        if include_spares:
+            slots += sum(n * (free // gpus_per_pod) for free, n in self._spare_hist[supernode].items())
+        return slots
+
+    def member_nodes(self, supernode: str) -> Iterator[NodeState]:
+        for name in self.supernodes[supernode].nodes:
+            yield self.nodes[name]
+
+    def supernode_totals(self, supernode: str) -> SupernodeTotals:
+        total = allocated = free = failed = spare = 0
+        for node in self.member_nodes(supernode):
+            total += node.gpus
+            allocated += min(node.allocated, node.gpus)
+            if not node.ready:
+                failed += node.gpus
+            elif node.spare:
+                spare += node.gpus
+            else:
+                free += node.free
+        return SupernodeTotals(total, allocated, free, failed, spare)
+
+    def largest_free_slice(self, supernode: str) -> int:
+        """Free GPUs one HBD group could use: every free GPU of a supernode shares its scale-up fabric."""
+        return sum(free * n for free, n in self._free_hist[supernode].items())
+
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.values())
+
+    def allocated_gpus(self) -> int:
+        return sum(n.allocated for n in self.nodes.values())
+
+    def free_gpus(self) -> int:
+        return sum(self.largest_free_slice(s) for s in self.supernodes)
+
+
+@dataclass(frozen=True, slots=True)
+class SupernodeTotals:
+    total: int
+    allocated: int
+    free: int
+    failed: int
+    spare: int
