@@ -68,12 +68,10 @@ def describe_errors(err: ValidationError, root: str = "spec") -> list[str]:
     """Turn pydantic errors into `spec.field: message` lines a user can act on."""
     messages = []
     for e in err.errors():
-        # Errors raised by model validators carry their own field path in the message.
-        if e["type"] == "value_error" and not e["loc"]:
-            messages.append(str(e["ctx"]["error"]) if "ctx" in e else e["msg"])
-            continue
         if e["type"] == "value_error":
-            messages.append(f"{field_path(e['loc'], root)}: {e['ctx']['error']}")
+            text = str(e["ctx"]["error"]) if "ctx" in e else e["msg"]
+            # Model validators name their own field ("spec.x: ..."); field validators do not.
+            messages.append(text if text.startswith(root + ".") else f"{field_path(e['loc'], root)}: {text}")
             continue
         template = _CONSTRAINT_TEMPLATES.get(e["type"])
         text = template.format(**e.get("ctx", {})) if template else e["msg"]

@@ -1,0 +1,60 @@
+from pathlib import Path
+
+import yaml
+
+from tidal.cli import main
+from tidal.model.crd import RESOURCE_KINDS, render_crds
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
+
+
+def test_crds_directory_matches_the_models_byte_for_byte():
+    rendered = render_crds()
+    on_disk = {p.name: p.read_text() for p in CRD_DIR.glob("*.yaml")}
+    assert sorted(on_disk) == sorted(rendered), "run `tidal crds` to regenerate crds/"
+    for name, text in rendered.items():
+        assert on_disk[name] == text, f"crds/{name} drifted from the models; run `tidal crds`"
+
+
+def test_tidal_crds_check_detects_drift(tmp_path):
+    assert main(["crds", "--out", str(tmp_path)]) == 0
+    assert main(["crds", "--check", "--out", str(tmp_path)]) == 0
+    victim = next(tmp_path.glob("*trainingjobs.yaml"))
+    victim.write_text(victim.read_text().replace("Tensor-parallel", "Tensor parallel"))
+    assert main(["crds", "--check", "--out", str(tmp_path)]) == 1
+
+
+def _walk(node, path=""):
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from _walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def test_schemas_are_structural_and_described():
+    for text in render_crds().values():
+        crd = yaml.safe_load(text)
+        version = crd["spec"]["versions"][0]
+        assert version["subresources"] == {"status": {}}
+        schema = version["schema"]["openAPIV3Schema"]
+        for path, node in _walk(schema):
+            assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+            assert node.get("additionalProperties") is not False, path
+            if "properties" in node and path.count(".properties.") >= 1:
+                for name, sub in node["properties"].items():
+                    assert sub.get("description"), f"{path}.{name} has no description for kubectl explain"
+
+
+def test_cross_field_rules_are_cel_validations():
+    by_kind = {k.kind: yaml.safe_load(render_crds()[f"tidal.dev_{k.plural}.yaml"]) for k in RESOURCE_KINDS}
+    tj_spec = by_kind["TrainingJob"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [v["rule"] for v in tj_spec["x-kubernetes-validations"]]
+    assert any("gpusPerPod % (self.tp * self.ep)" in r for r in rules)
+    assert any("minDP" in r for r in rules)
+    assert tj_spec["properties"]["template"]["x-kubernetes-preserve-unknown-fields"] is True
+    names = by_kind["InferencePool"]["spec"]["names"]
+    assert names["shortNames"] == ["tpool", "tidalpool"], "no generic short name that clashes with Gateway API"
+    assert by_kind["Supernode"]["spec"]["scope"] == "Cluster"

@@ -1,0 +1,179 @@
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidal.placement import (
+    GangRequest,
+    PlacementPlan,
+    PreemptionPlan,
+    RunningGang,
+    Unplaceable,
+    apply_plan,
+    plan_gang,
+    plan_preemption,
+)
+from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
+
+from .test_placement_properties import check_plan
+
+
+def run(
+    snap: ClusterSnapshot,
+    name: str,
+    groups: int,
+    group_gpus: int,
+    gpp: int = 4,
+    *,
+    priority: int = 0,
+    preemptible: bool = True,
+    replicas: int = 1,
+    min_replicas: int | None = None,
+) -> RunningGang:
+    plan = plan_gang(snap, GangRequest(name, groups=groups, group_gpus=group_gpus, gpus_per_pod=gpp))
+    assert isinstance(plan, PlacementPlan)
+    apply_plan(snap, plan)
+    per_replica = groups // replicas
+    allocations = []
+    for r in range(replicas):
+        per_node: Counter[str] = Counter()
+        for g in plan.groups[r * per_replica : (r + 1) * per_replica]:
+            for node in g.nodes:
+                per_node[node] += gpp
+        allocations.append(tuple(sorted(per_node.items())))
+    return RunningGang(name, priority, preemptible, tuple(allocations), min_replicas)
+
+
+def evict(snap: ClusterSnapshot, running: list[RunningGang], plan: PreemptionPlan) -> None:
+    by_name = {g.name: g for g in running}
+    for e in plan.evictions:
+        for r in e.replicas:
+            for node, gpus in by_name[e.gang].replicas[r]:
+                snap.release(node, gpus)
+
+
+def test_fits_without_eviction_needs_none():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    running = [run(snap, "a", 1, 72)]
+    plan = plan_preemption(snap, GangRequest("b", 1, 72, 4, priority=5), running)
+    assert isinstance(plan, PreemptionPlan) and plan.evictions == ()
+
+
+def test_frees_one_whole_rack_rather_than_scattering():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    # Rack 0 holds one 64-GPU job; rack 1 holds four 16-GPU jobs.
+    big = run(snap, "big", 1, 64, priority=1)
+    smalls = [run(snap, f"s{i}", 1, 16, priority=1) for i in range(4)]
+    plan = plan_preemption(snap, GangRequest("urgent", 1, 72, 4, priority=9), [big, *smalls])
+    assert isinstance(plan, PreemptionPlan)
+    assert [e.gang for e in plan.evictions] == ["big"], "one victim frees a whole rack"
+    assert plan.evictions[0].whole
+
+
+def test_never_evicts_non_preemptible_or_equal_priority():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    running = [
+        run(snap, "pinned", 1, 72, priority=0, preemptible=False),
+        run(snap, "peer", 1, 72, priority=5),
+    ]
+    result = plan_preemption(snap, GangRequest("new", 1, 72, 4, priority=5), running)
+    assert isinstance(result, Unplaceable)
+
+
+def test_none_at_all_when_eviction_cannot_help():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    running = [run(snap, "pinned", 1, 72, preemptible=False), run(snap, "cheap", 1, 72, priority=0)]
+    result = plan_preemption(snap, GangRequest("huge", 2, 72, 4, priority=9), running)
+    assert isinstance(result, Unplaceable)
+
+
+def test_elastic_job_shrinks_by_whole_replicas_before_anyone_is_suspended():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 4))
+    elastic = run(snap, "elastic", 4, 72, priority=1, replicas=4, min_replicas=2)
+    plan = plan_preemption(snap, GangRequest("infer", 1, 72, 4, priority=9), [elastic])
+    assert isinstance(plan, PreemptionPlan)
+    (eviction,) = plan.evictions
+    assert not eviction.whole and eviction.replicas == (3,), "gives back its highest replica"
+    plan = plan_preemption(snap, GangRequest("infer", 3, 72, 4, priority=9), [elastic])
+    (eviction,) = plan.evictions
+    assert eviction.whole, "below minDP the job is suspended whole"
+
+
+def test_prefers_lowest_priority_victim():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    running = [run(snap, "important", 1, 72, priority=4), run(snap, "batch", 1, 72, priority=1)]
+    plan = plan_preemption(snap, GangRequest("new", 1, 72, 4, priority=9), running)
+    assert [e.gang for e in plan.evictions] == ["batch"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_preemption_invariants(data):
+    snap = snapshot_from_fleet(
+        build_fleet("nvl72", data.draw(st.integers(1, 6)), nodes_per_supernode=6)
+        + build_fleet("hgx8", data.draw(st.integers(0, 4)))
+    )
+    running = []
+    for i in range(data.draw(st.integers(0, 10))):
+        gpp = data.draw(st.sampled_from([4, 8]))
+        per_group = data.draw(st.sampled_from([1, 2, 3]))
+        replicas = data.draw(st.integers(1, 3))
+        groups = replicas * data.draw(st.integers(1, 2))
+        plan = plan_gang(snap, GangRequest(f"g{i}", groups, gpp * per_group, gpp))
+        if isinstance(plan, Unplaceable):
+            continue
+        snap_copy = snap.copy()  # run() re-plans identically on the same snapshot
+        assert plan == plan_gang(snap_copy, GangRequest(f"g{i}", groups, gpp * per_group, gpp))
+        running.append(
+            run(
+                snap,
+                f"g{i}",
+                groups,
+                gpp * per_group,
+                gpp,
+                priority=data.draw(st.integers(0, 5)),
+                preemptible=data.draw(st.booleans()),
+                replicas=replicas,
+                min_replicas=data.draw(st.one_of(st.none(), st.integers(1, replicas))),
+            )
+        )
+    gpp = data.draw(st.sampled_from([4, 8]))
+    req = GangRequest(
+        "new",
+        data.draw(st.integers(1, 6)),
+        gpp * data.draw(st.sampled_from([1, 2, 4])),
+        gpp,
+        priority=data.draw(st.integers(0, 6)),
+    )
+    result = plan_preemption(snap, req, running)
+    by_name = {g.name: g for g in running}
+    if isinstance(result, Unplaceable):
+        # Then even evicting every eligible gang entirely must not make room.
+        scratch = snap.copy()
+        for g in running:
+            if g.preemptible and g.priority < req.priority:
+                for replica in g.replicas:
+                    for node, gpus in replica:
+                        scratch.release(node, gpus)
+        assert isinstance(plan_gang(scratch, req), Unplaceable)
+        return
+    for e in result.evictions:
+        victim = by_name[e.gang]
+        assert victim.preemptible and victim.priority < req.priority
+        if e.whole:
+            assert e.replicas == tuple(range(len(victim.replicas)))
+        else:
+            assert victim.min_replicas is not None
+            assert len(victim.replicas) - len(e.replicas) >= victim.min_replicas, "shrunk below minDP"
+            assert e.replicas == tuple(range(len(victim.replicas) - len(e.replicas), len(victim.replicas)))
+    scratch = snap.copy()
+    evict(scratch, running, result)
+    check_plan(scratch, req, result.placement)
+    apply_plan(scratch, result.placement)
+    # Every whole-gang eviction was needed: giving any single one back leaves no room.
+    for e in result.evictions:
+        if not e.whole:
+            continue
+        trial = snap.copy()
+        evict(trial, running, PreemptionPlan(tuple(x for x in result.evictions if x is not e), result.placement))
+        assert isinstance(plan_gang(trial, req), Unplaceable), f"evicted {e.gang} needlessly"
