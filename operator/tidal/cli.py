@@ -24,6 +24,17 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    import yaml
+
+    from tidal.k8s.fake_nodes import fleet_manifests
+    from tidal.topology.fleet import build_fleet
+
+    fleet = build_fleet(args.shape, args.supernodes, args.nodes_per_supernode, args.gpus_per_node)
+    print(yaml.safe_dump_all(fleet_manifests(fleet), sort_keys=False), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("--out", type=Path, default=Path("crds"), help="directory (default: crds)")
     crds.add_argument("--check", action="store_true", help="exit 1 if the files differ from the models")
     crds.set_defaults(func=_cmd_crds)
+
+    fleet = sub.add_parser("fleet", help="print Node manifests of a simulated GPU fleet (for KWOK)")
+    fleet.add_argument("--shape", default="nvl72", choices=["nvl72", "cm384", "hgx8", "mixed"])
+    fleet.add_argument("--supernodes", type=int, default=8)
+    fleet.add_argument("--nodes-per-supernode", type=int, default=None, help="default: the shape's")
+    fleet.add_argument("--gpus-per-node", type=int, default=None, help="default: the shape's")
+    fleet.set_defaults(func=_cmd_fleet)
     return parser
 
 

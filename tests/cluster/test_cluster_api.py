@@ -1,0 +1,127 @@
+"""The generated CRDs on a real API server, and a GPU pod bound by the real kube-scheduler."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from .kube import REPO, Kube, eventually
+
+TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+
+
+def training_job(name: str, **spec) -> dict:
+    return {
+        "apiVersion": "tidal.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {"tp": 4, "ep": 2, "pp": 2, "dp": 2, "gpusPerPod": 4, "template": TEMPLATE, **spec},
+    }
+
+
+def inference_pool(name: str, **spec) -> dict:
+    return {
+        "apiVersion": "tidal.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": name},
+        "spec": {"minReplicas": 1, "maxReplicas": 4, "tp": 4, "gpusPerPod": 4, "template": TEMPLATE, **spec},
+    }
+
+
+def test_crds_are_established(kube: Kube):
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        crd = kube.get("crd", name)
+        conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+        assert conditions.get("Established") == "True", name
+        assert conditions.get("NamesAccepted") == "True", name
+
+
+def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, namespace: str):
+    kube.run(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump_all([training_job("ok-job", elastic={"minDP": 1, "maxDP": 4}), inference_pool("ok-pool")]),
+    )
+    kube.apply(
+        {
+            "apiVersion": "tidal.dev/v1alpha1",
+            "kind": "Supernode",
+            "metadata": {"name": "t-sn"},
+            "spec": {"topology": {"block": "b0"}},
+        }
+    )
+    job = kube.get("trainingjob", "ok-job", "-n", namespace)
+    assert job["spec"]["accelerator"] == "nvidia.com/gpu", "schema default applied by the API server"
+    assert job["spec"]["preemptible"] is False
+    assert kube.get("tpool", "ok-pool", "-n", namespace)["spec"]["priority"] == 1000
+    assert kube.get("supernode", "t-sn")["spec"]["accelerator"] == "nvidia.com/gpu"
+    explain = kube.run("explain", "trainingjob.spec.gpusPerPod").stdout
+    assert "must divide tp*ep" in explain
+    kube.delete("supernode", "t-sn")
+
+
+@pytest.mark.parametrize(
+    ("obj", "field", "fragment"),
+    [
+        (training_job("bad-tp", tp=0), "spec.tp", "should be greater than or equal to 1"),
+        (training_job("bad-gpp", tp=8, ep=1, gpusPerPod=6), "spec.gpusPerPod", "must divide tp*ep"),
+        (training_job("bad-dp", dp=8, elastic={"minDP": 1, "maxDP": 4}), "spec.dp", "elastic.minDP"),
+        (inference_pool("bad-replicas", minReplicas=-1), "spec.minReplicas", "greater than or equal to 0"),
+        (inference_pool("bad-range", minReplicas=5, maxReplicas=2), "spec.minReplicas", "<= maxReplicas"),
+        (training_job("bad-field", bogus=1), "spec.bogus", "unknown field"),
+    ],
+)
+def test_invalid_objects_are_rejected_naming_the_field(kube: Kube, namespace: str, obj, field, fragment):
+    result = kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj), check=False)
+    assert result.returncode != 0, f"{obj['metadata']['name']} was accepted"
+    assert field in result.stderr and fragment in result.stderr, result.stderr
+    gone = kube.run("get", obj["kind"].lower(), obj["metadata"]["name"], "-n", namespace, check=False)
+    assert gone.returncode != 0, "nothing half-created"
+
+
+def test_gpu_pod_with_node_affinity_is_bound_by_kube_scheduler_and_runs(kube: Kube, namespace: str):
+    target = "nvl72-0003-n07"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-probe", "namespace": namespace},
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [target]}]}
+                        ]
+                    }
+                }
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "4"}},
+                }
+            ],
+        },
+    }
+    kube.apply(pod)
+    running = eventually(
+        lambda: (p := kube.get("pod", "gpu-probe", "-n", namespace))["status"].get("phase") == "Running" and p,
+        timeout=60,
+        what="gpu-probe Running",
+    )
+    assert running["spec"]["nodeName"] == target
+    # The node's 4 GPUs are now taken: a second identical pod must stay Pending.
+    kube.apply({**pod, "metadata": {"name": "gpu-probe-2", "namespace": namespace}})
+
+    def unschedulable():
+        p = kube.get("pod", "gpu-probe-2", "-n", namespace)
+        conds = {c["type"]: c for c in p["status"].get("conditions", [])}
+        return conds.get("PodScheduled", {}).get("reason") == "Unschedulable" and conds["PodScheduled"]["message"]
+
+    message = eventually(unschedulable, timeout=60, what="gpu-probe-2 Unschedulable")
+    assert "nvidia.com/gpu" in message
