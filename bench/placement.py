@@ -93,11 +93,14 @@ def run(repeats: int, seed: int, cluster_gpus: int = 100_000, load: float = 0.5)
     baseline_ms = time_planner(plan_first_fit, snapshot, request, repeats)
 
     fill_total = snapshot.total_gpus()
-    useful, raw, fill_splits, fill_jobs = fill(plan_gang, snapshot_from_fleet(fleet_for_gpus("nvl72", cluster_gpus)), seed)
-    b_useful, b_raw, b_splits, b_jobs = fill(plan_first_fit, snapshot_from_fleet(fleet_for_gpus("nvl72", cluster_gpus)), seed)
+    def empty() -> ClusterSnapshot:
+        return snapshot_from_fleet(fleet_for_gpus("nvl72", cluster_gpus))
+
+    useful, raw, fill_splits, fill_jobs = fill(plan_gang, empty(), seed)
+    b_useful, b_raw, b_splits, b_jobs = fill(plan_first_fit, empty(), seed)
     return {
         "cluster_gpus": snapshot.total_gpus(),
-        "background_load": round(snapshot.allocated_gpus() / snapshot.total_gpus() - 0, 3),
+        "background_load": round(snapshot.allocated_gpus() / snapshot.total_gpus(), 3),
         "gang_gpus": request.total_gpus,
         "repeats": repeats,
         "median_ms": round(statistics.median(tidal_ms), 3),
@@ -110,6 +113,7 @@ def run(repeats: int, seed: int, cluster_gpus: int = 100_000, load: float = 0.5)
         "baseline_hbd_split_groups": split_groups(snapshot, baseline_plan),
         "baseline_gang_blocks": len({snapshot.supernodes[g.supernode].block for g in baseline_plan.groups}),
         "fill_allocation_ratio": round(useful / fill_total, 4),
+        "fill_raw_allocation_ratio": round(raw / fill_total, 4),
         "fill_hbd_split_groups": fill_splits,
         "fill_jobs": fill_jobs,
         "baseline_fill_allocation_ratio": round(b_useful / fill_total, 4),
