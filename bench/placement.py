@@ -93,6 +93,7 @@ def run(repeats: int, seed: int, cluster_gpus: int = 100_000, load: float = 0.5)
     baseline_ms = time_planner(plan_first_fit, snapshot, request, repeats)
 
     fill_total = snapshot.total_gpus()
+
     def empty() -> ClusterSnapshot:
         return snapshot_from_fleet(fleet_for_gpus("nvl72", cluster_gpus))
 

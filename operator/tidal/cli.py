@@ -35,9 +35,21 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from tidal.k8s.runner import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    from tidal.k8s.runner import add_arguments
+
+    run = sub.add_parser("run", help="run the operator against the current cluster")
+    add_arguments(run)
+    run.set_defaults(func=_cmd_run)
 
     crds = sub.add_parser("crds", help="write the CRDs generated from the models")
     crds.add_argument("--out", type=Path, default=Path("crds"), help="directory (default: crds)")

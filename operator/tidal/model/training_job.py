@@ -147,6 +147,19 @@ class GroupPlacement(ApiModel):
     nodes: list[str] = Field(default_factory=list, description="Nodes of the group's pods, in rank order.")
 
 
+class EvictionStatus(ApiModel):
+    """A checkpoint-first eviction in progress: pods are deleted once the job confirms its checkpoint
+    (annotation tidal.dev/checkpoint-done) or the grace period runs out."""
+
+    reason: str = Field(description="Preempted, Rebalanced or Suspended.")
+    by: str = Field(default="", description="Who asked, e.g. the preempting job namespace/name.")
+    requested_at: str = Field(description="Value of the tidal.dev/checkpoint-requested annotation.")
+    deadline: str = Field(description="When pods are deleted even without checkpoint-done.")
+    replicas: list[int] = Field(
+        default_factory=list, description="DP replicas to give back; empty means the whole job."
+    )
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob."""
 
@@ -158,5 +171,7 @@ class TrainingJobStatus(ApiModel):
     supernodes: int | None = Field(default=None, description="Number of supernodes the job spans.")
     restarts: int = Field(default=0, ge=0, description="Restarts after failures so far.")
     admitted_at: str | None = Field(default=None, description="When the gang was last admitted.")
+    pending_since: str | None = Field(default=None, description="When the job last started waiting for GPUs.")
+    eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     conditions: list[Condition] = Field(default_factory=list, description="Admitted, Running, Preempted...")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

@@ -1,0 +1,225 @@
+"""Which pending TrainingJobs get GPUs: priority order, then submission order, with preemption.
+
+A job that needs victims waits for their checkpoints; meanwhile the nodes its plan needs are
+reserved, so lower-priority jobs may backfill elsewhere but never take its place.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tidal.k8s.cycle import Cycle
+from tidal.k8s.manifests import GangShape
+from tidal.k8s.state import ResourceView
+from tidal.k8s.status import set_condition
+from tidal.k8s.training import (
+    holds_gpus,
+    placement_of,
+    reconcile_placed,
+    shape_of,
+    spec_problem,
+    start_eviction,
+    summary_fields,
+)
+from tidal.placement import (
+    GangRequest,
+    PlacementPlan,
+    PreemptionPlan,
+    RunningGang,
+    Unplaceable,
+    apply_plan,
+    plan_gang,
+    plan_preemption,
+)
+from tidal.topology.snapshot import ClusterSnapshot
+
+QUEUED = frozenset({"Pending", "Restarting", ""})
+
+
+def is_queued(view: ResourceView, status: dict[str, Any]) -> bool:
+    return (
+        not view.deleting
+        and not view.spec.get("suspend")
+        and status.get("phase", "") in QUEUED
+        and not holds_gpus(status)
+    )
+
+
+def queue_order(item: tuple[ResourceView, dict[str, Any]]) -> tuple:
+    view, status = item
+    recovering = status.get("phase") == "Restarting"
+    return (
+        not recovering,
+        -int(view.spec.get("priority", 0)),
+        status.get("pendingSince") or view.created,
+        view.namespace or "",
+        view.name,
+    )
+
+
+def request_for(view: ResourceView, shape: GangShape, recovery: bool) -> GangRequest:
+    return GangRequest(
+        view.ref,
+        groups=shape.groups,
+        group_gpus=shape.group_gpus,
+        gpus_per_pod=shape.gpus_per_pod,
+        accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
+        priority=int(view.spec.get("priority", 0)),
+        recovery=recovery,
+    )
+
+
+def running_gangs(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> list[RunningGang]:
+    """Placed jobs as the preemption planner sees them (jobs already being evicted excluded)."""
+    gangs = []
+    for view, status in statuses.values():
+        if not holds_gpus(status) or status.get("eviction"):
+            continue
+        shape = shape_of(view, status)
+        replicas: list[list[tuple[str, int]]] = [[] for _ in range(shape.dp)]
+        for group in status["placement"]:
+            r = shape.replica_of_group(group["group"])
+            replicas[r].extend((node, shape.gpus_per_pod) for node in group["nodes"])
+        elastic = view.spec.get("elastic")
+        gangs.append(
+            RunningGang(
+                name=view.uid,
+                priority=int(view.spec.get("priority", 0)),
+                preemptible=bool(view.spec.get("preemptible")),
+                replicas=tuple(tuple(r) for r in replicas),
+                min_replicas=elastic.get("minDP") if elastic else None,
+            )
+        )
+    return gangs
+
+
+def _without_evicting(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> ClusterSnapshot:
+    """The snapshot as it will be once every eviction already under way has finished."""
+    scratch = cyc.snapshot.copy()
+    for view, status in statuses.values():
+        eviction = status.get("eviction")
+        if not eviction or not holds_gpus(status):
+            continue
+        shape = shape_of(view, status)
+        replicas = eviction.get("replicas") or []
+        for group in status["placement"]:
+            if not replicas or shape.replica_of_group(group["group"]) in replicas:
+                for node in group["nodes"]:
+                    scratch.release(node, shape.gpus_per_pod)
+    return scratch
+
+
+def admit_queued(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> None:
+    queue = sorted((item for item in statuses.values() if is_queued(*item)), key=queue_order)
+    for view, status in queue:
+        new_status = _try_admit(cyc, view, status, statuses)
+        statuses[view.uid] = (view, new_status)
+        if holds_gpus(new_status):
+            new_status = reconcile_placed(cyc, view, new_status)
+            statuses[view.uid] = (view, new_status)
+        cyc.writer.write(view, new_status)
+
+
+def _try_admit(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+) -> dict[str, Any]:
+    status = {**status, "phase": status.get("phase") or "Pending"}
+    status.setdefault("pendingSince", cyc.stamp)
+    problem = spec_problem(view)
+    if problem:
+        return _pending(cyc, view, status, "InvalidSpec", problem)
+    recovery = status["phase"] == "Restarting"
+    elastic = view.spec.get("elastic")
+    dps = [view.spec.get("dp", 1)]
+    if elastic:
+        dps += list(range(dps[0] - 1, elastic["minDP"] - 1, -1))
+    misses: list[Unplaceable] = []
+    for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
+        shape = GangShape.of(view.spec, dp)
+        started = time.perf_counter()
+        plan = plan_gang(cyc.snapshot, request_for(view, shape, recovery))
+        cyc.placements_ms.append((time.perf_counter() - started) * 1000)
+        if isinstance(plan, PlacementPlan):
+            return _admitted(cyc, view, status, shape, plan)
+        misses.append(plan)
+    if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
+        return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
+    return _preempt_or_wait(cyc, view, status, statuses, misses[0])
+
+
+def _admitted(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, plan: PlacementPlan
+) -> dict[str, Any]:
+    apply_plan(cyc.snapshot, plan)
+    placement = placement_of(plan)
+    summary = summary_fields(placement, shape)
+    message = (
+        f"{shape.world_size} GPUs: {len(plan.groups)} group(s) of {plan.request.group_gpus} on "
+        f"{summary['supernodes']} supernode(s)"
+    )
+    cyc.event(view, "Admitted", message)
+    cyc.count("admitted")
+    conditions = set_condition(status.get("conditions", []), "Admitted", True, "Placed", message, cyc.stamp)
+    conditions = set_condition(conditions, "Schedulable", True, "Placed", message, cyc.stamp)
+    return {
+        **{k: v for k, v in status.items() if k not in ("eviction",)},
+        **summary,
+        "phase": "Admitted" if status["phase"] != "Restarting" else "Restarting",
+        "reason": message,
+        "admittedAt": cyc.stamp,
+        "conditions": conditions,
+    }
+
+
+def _pending(cyc: Cycle, view: ResourceView, status: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+    if status.get("reason") != message:
+        cyc.event(view, reason, message, warning=True)
+    conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, message, cyc.stamp)
+    return {**status, "reason": message, "conditions": conditions}
+
+
+def _preempt_or_wait(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
+    miss: Unplaceable,
+) -> dict[str, Any]:
+    shape = GangShape.of(view.spec, view.spec.get("dp", 1))
+    request = request_for(view, shape, status["phase"] == "Restarting")
+    scratch = _without_evicting(cyc, statuses)
+    result = plan_preemption(scratch, request, running_gangs(cyc, statuses))
+    if not isinstance(result, PreemptionPlan):
+        return _pending(cyc, view, status, miss.reason.value, miss.message)
+    by_uid = {v.uid: (v, s) for v, s in statuses.values()}
+    for eviction in result.evictions:
+        victim, victim_status = by_uid[eviction.gang]
+        replicas = [] if eviction.whole else list(eviction.replicas)
+        new_victim = start_eviction(
+            cyc,
+            victim,
+            victim_status,
+            reason="Preempted",
+            by=f"{view.ref} (priority {view.spec.get('priority', 0)})",
+            replicas=replicas,
+        )
+        statuses[victim.uid] = (victim, new_victim)
+        cyc.writer.write(victim, new_victim)
+        cyc.count("preemptions")
+    _reserve(cyc.snapshot, result.placement)
+    waiting = [
+        v.ref
+        for v, s in statuses.values()
+        if s.get("eviction") and s["eviction"].get("by", "").startswith(view.ref + " ")
+    ]
+    message = f"waiting for {len(waiting)} preempted job(s) to checkpoint and release GPUs: {', '.join(waiting)}"
+    return _pending(cyc, view, status, "WaitingForPreemption", message)
+
+
+def _reserve(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:
+    """Block the nodes a waiting preemptor will use, so nobody else is admitted onto them."""
+    for node in plan.gpus_by_node():
+        state = snapshot.nodes.get(node)
+        if state is not None:
+            snapshot.update_node(node, allocated=max(state.allocated, state.gpus))

@@ -1,0 +1,168 @@
+"""Thin, counted, idempotent wrappers over the Kubernetes API calls the controller makes."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tidal import API_GROUP, API_VERSION
+
+PLURALS = {"TrainingJob": "trainingjobs", "InferencePool": "inferencepools", "Supernode": "supernodes"}
+
+
+def load_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+class Api:
+    def __init__(self, api_client: client.ApiClient, workers: int = 16):
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.requests: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-api")
+
+    def _count(self, verb: str) -> None:
+        with self._lock:
+            self.requests[verb] += 1
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+    def parallel(self, fn, items: list[Any]) -> list[Any]:
+        return list(self._pool.map(fn, items))
+
+    # -- pods and services -------------------------------------------------------------------
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        """True if created, False if a pod of that name already exists."""
+        self._count("create_pod")
+        try:
+            self.core.create_namespaced_pod(body["metadata"]["namespace"], body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        self._count("delete_pod")
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def remove_gate(self, namespace: str, name: str, gate: str, gates: list[str]) -> None:
+        self._count("ungate_pod")
+        remaining = [{"name": g} for g in gates if g != gate]
+        patch = [
+            {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
+            {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
+        ]
+        try:
+            self.core.patch_namespaced_pod(name, namespace, patch)
+        except ApiException as e:
+            if e.status not in (404, 409, 422):
+                raise
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._count("annotate_pod")
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def ensure_service(self, body: dict[str, Any]) -> None:
+        self._count("create_service")
+        try:
+            self.core.create_namespaced_service(body["metadata"]["namespace"], body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    # -- tidal resources --------------------------------------------------------------------
+    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
+        """Merge-patch the status subresource; False if the object is gone."""
+        self._count("patch_status")
+        body = {"status": status}
+        try:
+            if namespace:
+                self.custom.patch_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, namespace, PLURALS[kind], name, body
+                )
+            else:
+                self.custom.patch_cluster_custom_object_status(API_GROUP, API_VERSION, PLURALS[kind], name, body)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str | None]) -> None:
+        self._count("annotate")
+        body = {"metadata": {"annotations": annotations}}
+        try:
+            if namespace:
+                self.custom.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURALS[kind], name, body)
+            else:
+                self.custom.patch_cluster_custom_object(API_GROUP, API_VERSION, PLURALS[kind], name, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
+        self._count("create_supernode")
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "Supernode",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "tidal"}},
+            "spec": spec,
+        }
+        try:
+            self.custom.create_cluster_custom_object(API_GROUP, API_VERSION, "supernodes", body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def event(
+        self, kind: str, namespace: str | None, name: str, uid: str, reason: str, message: str, warning: bool = False
+    ) -> None:
+        self._count("create_event")
+        ts = dt.datetime.now(dt.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace or "default"),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{API_GROUP}/{API_VERSION}", kind=kind, name=name, namespace=namespace, uid=uid
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            first_timestamp=ts,
+            last_timestamp=ts,
+            count=1,
+            source=client.V1EventSource(component="tidal"),
+            reporting_component="tidal.dev/operator",
+            reporting_instance="tidal",
+        )
+        with contextlib.suppress(ApiException):  # events are best effort: never fail a reconcile over one
+            self.core.create_namespaced_event(namespace or "default", body)

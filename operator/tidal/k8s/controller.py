@@ -1,0 +1,100 @@
+"""One controller cycle: snapshot from the watched state, then reconcile placed jobs, admit queued
+ones, write statuses, and create/delete/ungate pods. Cycles never overlap and are rate limited."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.clock import Clock, SystemClock
+from tidal.k8s.admission import admit_queued
+from tidal.k8s.api import Api
+from tidal.k8s.cache import build_snapshot, memberships, overbooked_gpus
+from tidal.k8s.cycle import Cycle, log
+from tidal.k8s.state import ClusterState, ResourceView
+from tidal.k8s.status import StatusWriter
+from tidal.k8s.supernodes import update_supernodes
+from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
+
+
+@dataclass
+class ControllerSettings:
+    min_cycle_seconds: float = 0.5
+
+
+@dataclass
+class CycleReport:
+    seconds: float = 0.0
+    overbooked_gpus: int = 0
+    placements_ms: list[float] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class Controller:
+    def __init__(self, api: Api, clock: Clock | None = None, settings: ControllerSettings | None = None):
+        self.api = api
+        self.clock = clock or SystemClock()
+        self.settings = settings or ControllerSettings()
+        self.writer = StatusWriter(api)
+        self.deleted_uids: set[str] = set()
+        self.last_report = CycleReport()
+        self.cycles = 0
+        self._lock = threading.Lock()
+        self._last_start = 0.0
+        self.listeners: list[Any] = []
+
+    def due(self) -> bool:
+        return not self._lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
+
+    def cycle(self, state: ClusterState) -> CycleReport | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._last_start = time.monotonic()
+            report = self._cycle(state)
+            report.seconds = time.monotonic() - self._last_start
+            self.last_report = report
+            self.cycles += 1
+            for listener in self.listeners:
+                listener(self, state, report)
+            return report
+        finally:
+            self._lock.release()
+
+    def _cycle(self, state: ClusterState) -> CycleReport:
+        statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
+            view.uid: (view, self.writer.effective(view)) for view in state.jobs.values()
+        }
+        self.writer.forget({v.uid for v in state.jobs.values()} | {v.uid for v in state.supernodes.values()})
+        members = memberships(state)
+        held = [a for view, status in statuses.values() if not view.deleting for a in allocations(view, status)]
+        snapshot = build_snapshot(state, members, held)
+        live_pods = {p.uid for p in state.pods.values()}
+        self.deleted_uids &= live_pods  # forget pods that are gone for good
+        cyc = Cycle(state, members, snapshot, self.api, self.writer, self.clock.now(), deleted_uids=self.deleted_uids)
+
+        for uid, (view, status) in sorted(statuses.items(), key=lambda kv: kv[1][0].key):
+            if view.deleting:
+                continue
+            if holds_gpus(status):
+                new = reconcile_placed(cyc, view, status)
+            elif status.get("phase") == "Suspended" and not view.spec.get("suspend"):
+                new = {**status, "phase": "Pending", "reason": "resumed", "pendingSince": cyc.stamp}
+            elif status.get("phase", "Pending") in ("Pending", "") and view.spec.get("suspend"):
+                new = {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
+            else:
+                continue
+            statuses[uid] = (view, new)
+            self.writer.write(view, new)
+
+        admit_queued(cyc, statuses)
+        cyc.flush_pods()
+        update_supernodes(cyc)
+        report = CycleReport(
+            overbooked_gpus=overbooked_gpus(snapshot), placements_ms=cyc.placements_ms, counters=cyc.counters
+        )
+        if report.overbooked_gpus:
+            log.warning("overbooked", gpus=report.overbooked_gpus)
+        return report

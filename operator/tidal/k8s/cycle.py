@@ -1,0 +1,61 @@
+"""What one controller cycle shares: the watched state, the snapshot, and the ways to act."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from tidal.clock import rfc3339
+from tidal.k8s.api import Api
+from tidal.k8s.cache import Membership
+from tidal.k8s.labels import GANG_GATE
+from tidal.k8s.state import ClusterState, PodView, ResourceView
+from tidal.k8s.status import StatusWriter
+from tidal.topology.snapshot import ClusterSnapshot
+
+log = structlog.get_logger("tidal")
+
+
+@dataclass
+class Cycle:
+    state: ClusterState
+    members: dict[str, Membership]
+    snapshot: ClusterSnapshot
+    api: Api
+    writer: StatusWriter
+    now: dt.datetime
+    deleted_uids: set[str] = field(default_factory=set)
+    """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
+    pod_creates: list[dict[str, Any]] = field(default_factory=list)
+    pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
+    ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    placements_ms: list[float] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def stamp(self) -> str:
+        return rfc3339(self.now)
+
+    def event(self, view: ResourceView, reason: str, message: str, warning: bool = False) -> None:
+        log.info("event", kind=view.kind, namespace=view.namespace, name=view.name, reason=reason, message=message)
+        self.api.event(view.kind, view.namespace, view.name, view.uid, reason, message, warning)
+
+    def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
+        self.deleted_uids.add(pod.uid)
+        self.pod_deletes.append((pod.namespace, pod.name, grace_seconds))
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def flush_pods(self) -> None:
+        """Deletes first (they free names and GPUs), then creates, then gate removals."""
+        if self.pod_deletes:
+            self.api.parallel(lambda d: self.api.delete_pod(*d), self.pod_deletes)
+        if self.pod_creates:
+            self.api.parallel(self.api.create_pod, self.pod_creates)
+        if self.ungates:
+            self.api.parallel(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2]), self.ungates)
+        self.pod_deletes, self.pod_creates, self.ungates = [], [], []

@@ -1,0 +1,65 @@
+"""`tidal run`: start the operator with kopf."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from tidal.clock import FileClock, SystemClock
+from tidal.logging import configure as configure_logging
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, json=not args.dev_logs)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = str(args.kubeconfig)  # kopf's own login reads it too
+    import kopf
+
+    from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
+    from tidal.k8s.api import Api, load_client
+    from tidal.k8s.controller import Controller, ControllerSettings
+
+    api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
+    clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
+    controller = Controller(api, clock, ControllerSettings(min_cycle_seconds=args.cycle_seconds))
+    memo = kopf.Memo(controller=controller, discover_label=args.discover_supernodes or None)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        priority=args.priority,
+        peering_name=args.peering_name,
+        standalone=args.standalone,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        memo=memo,
+    )
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster, then $KUBECONFIG")
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch only these namespaces (repeatable); default: cluster-wide",
+    )
+    parser.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
+    parser.add_argument("--peering-name", default="tidal", help="kopf peering object shared by the replicas")
+    parser.add_argument("--standalone", action="store_true", help="run without peering (single replica only)")
+    parser.add_argument("--health-port", type=int, default=8080, help="liveness endpoint /healthz; 0 disables")
+    parser.add_argument(
+        "--discover-supernodes",
+        metavar="LABEL",
+        nargs="?",
+        const="nvidia.com/gpu.clique",
+        default=None,
+        help="create Supernodes from a node label (default nvidia.com/gpu.clique)",
+    )
+    parser.add_argument(
+        "--clock-file", default=None, help="read the current time from this file when present (drills and tests)"
+    )
+    parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
+    parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))
+    parser.add_argument("--dev-logs", action="store_true", help="human-readable logs instead of JSON")

@@ -1,0 +1,181 @@
+"""Plain views of the Kubernetes objects tidal watches, made from raw bodies by the kopf indices.
+
+Nothing here imports kopf or the Kubernetes client: the controller logic that consumes these views
+can be tested with hand-made objects, and the indices hold small immutable records, not bodies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.k8s import labels
+
+
+def _quantity(value: Any) -> int:
+    """Extended resources are whole numbers; tolerate '4', 4 and '4.0'."""
+    try:
+        return int(float(str(value)))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: dict[str, str]
+    capacity: dict[str, int]
+    ready: bool
+    unschedulable: bool
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    """Bound node, or the node a tidal pod is pinned to while still gated."""
+    bound: bool
+    phase: str
+    gated: bool
+    terminating: bool
+    requests: dict[str, int]
+    owner: tuple[str, str] | None
+    """(kind, name) of a tidal owner: ("TrainingJob" | "InferencePool", name)."""
+    group: int | None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ResourceView:
+    """A tidal custom resource: spec and status as plain dicts."""
+
+    kind: str
+    namespace: str | None
+    name: str
+    uid: str
+    generation: int
+    created: str
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    annotations: dict[str, str]
+    resource_version: str
+    deleting: bool
+
+    @property
+    def key(self) -> tuple[str | None, str]:
+        return self.namespace, self.name
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+def node_view(body: dict[str, Any]) -> NodeView:
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    capacity = {
+        k: _quantity(v) for k, v in (status.get("allocatable") or status.get("capacity") or {}).items() if "/" in k
+    }
+    return NodeView(
+        name=meta["name"],
+        labels=dict(meta.get("labels") or {}),
+        capacity=capacity,
+        ready=conditions.get("Ready") == "True",
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+
+
+def _pinned_node(spec: dict[str, Any]) -> str | None:
+    terms = (
+        spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms")
+        or []
+    )
+    for term in terms:
+        for expr in term.get("matchFields") or []:
+            if expr.get("key") == "metadata.name" and expr.get("operator") == "In" and len(expr.get("values", [])) == 1:
+                return expr["values"][0]
+    return None
+
+
+def pod_view(body: dict[str, Any]) -> PodView:
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    requests: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for name, qty in merged.items():
+            if "/" in name:
+                requests[name] = requests.get(name, 0) + _quantity(qty)
+    pod_labels = dict(meta.get("labels") or {})
+    owner = None
+    if labels.JOB in pod_labels:
+        owner = ("TrainingJob", pod_labels[labels.JOB])
+    elif labels.POOL in pod_labels:
+        owner = ("InferencePool", pod_labels[labels.POOL])
+    group = pod_labels.get(labels.HBD_GROUP)
+    bound_node = spec.get("nodeName")
+    return PodView(
+        namespace=meta.get("namespace", ""),
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        node=bound_node or (_pinned_node(spec) if owner else None),
+        bound=bool(bound_node),
+        phase=status.get("phase", "Pending"),
+        gated=bool(spec.get("schedulingGates")),
+        terminating=bool(meta.get("deletionTimestamp")),
+        requests=requests,
+        owner=owner,
+        group=int(group) if group is not None and group.isdigit() else None,
+        labels=pod_labels,
+    )
+
+
+def resource_view(body: dict[str, Any]) -> ResourceView:
+    meta = body.get("metadata", {})
+    return ResourceView(
+        kind=body.get("kind", ""),
+        namespace=meta.get("namespace"),
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        created=meta.get("creationTimestamp") or "",
+        spec=dict(body.get("spec") or {}),
+        status=dict(body.get("status") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        resource_version=meta.get("resourceVersion", ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass
+class ClusterState:
+    """Everything one controller cycle looks at, copied out of the indices at the start of the cycle."""
+
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    pods: dict[tuple[str, str], PodView] = field(default_factory=dict)
+    supernodes: dict[str, ResourceView] = field(default_factory=dict)
+    jobs: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
+    pools: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
+
+    _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
+
+    def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
+        if self._by_owner is None:
+            self._by_owner = {}
+            for pod in self.pods.values():
+                if pod.owner is not None:
+                    self._by_owner.setdefault((pod.owner[0], pod.namespace, pod.owner[1]), []).append(pod)
+        return self._by_owner.get((kind, namespace, name), [])

@@ -1,0 +1,83 @@
+"""Status writes with a ledger, so a cycle never acts on a status older than the one it wrote.
+
+The watch (and so the kopf index) lags our own writes by a little; the ledger holds what we wrote
+until the index shows it. Statuses are validated against the pydantic models before they are sent:
+the CRD schema would otherwise silently prune a misspelt field.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tidal.k8s.api import Api
+from tidal.k8s.state import ResourceView
+from tidal.model import InferencePoolStatus, SupernodeStatus, TrainingJobStatus
+
+_MODELS = {"TrainingJob": TrainingJobStatus, "InferencePool": InferencePoolStatus, "Supernode": SupernodeStatus}
+LEDGER_TTL_SECONDS = 60.0
+
+
+def set_condition(
+    conditions: list[dict[str, Any]], ctype: str, status: bool, reason: str, message: str, now: str
+) -> list[dict[str, Any]]:
+    """Conditions with `ctype` set; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    out = []
+    found = False
+    for c in conditions:
+        if c.get("type") == ctype:
+            found = True
+            moved = c.get("status") != value
+            c = {**c, "status": value, "reason": reason, "message": message}
+            if moved or not c.get("lastTransitionTime"):
+                c["lastTransitionTime"] = now
+        out.append(c)
+    if not found:
+        out.append({"type": ctype, "status": value, "reason": reason, "message": message, "lastTransitionTime": now})
+    return out
+
+
+def condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == ctype), None)
+
+
+class StatusWriter:
+    def __init__(self, api: Api):
+        self.api = api
+        self._ledger: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def effective(self, view: ResourceView) -> dict[str, Any]:
+        entry = self._ledger.get(view.uid)
+        if entry is None:
+            return view.status
+        written, at = entry
+        caught_up = all(view.status.get(k) == v for k, v in written.items())
+        if caught_up or time.monotonic() - at > LEDGER_TTL_SECONDS:
+            del self._ledger[view.uid]
+            return view.status
+        return written
+
+    def write(self, view: ResourceView, status: dict[str, Any]) -> bool:
+        """Send `status` if it differs from the effective one; keys it lacks are removed."""
+        status = {k: v for k, v in status.items() if v is not None}
+        current = self.effective(view)
+        if all(current.get(k) == v for k, v in status.items()) and set(current) <= set(status) | _defaulted(current):
+            return False
+        _MODELS[view.kind].model_validate(status)
+        patch: dict[str, Any] = {k: None for k in current if k not in status}
+        patch.update(status)
+        if not self.api.patch_status(view.kind, view.namespace, view.name, patch):
+            return False
+        self._ledger[view.uid] = (status, time.monotonic())
+        return True
+
+    def forget(self, live_uids: set[str]) -> None:
+        for uid in list(self._ledger):
+            if uid not in live_uids:
+                del self._ledger[uid]
+
+
+def _defaulted(status: dict[str, Any]) -> set[str]:
+    """Keys the API server fills from schema defaults; their presence alone is no change."""
+    return {k for k, v in status.items() if v in (0, [], "", "Pending")}

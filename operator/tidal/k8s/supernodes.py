@@ -1,0 +1,81 @@
+"""Supernode status from the snapshot, and discovery of Supernodes from a node label."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tidal.k8s import labels
+from tidal.k8s.api import Api
+from tidal.k8s.cache import Membership
+from tidal.k8s.cycle import Cycle
+from tidal.k8s.state import NodeView, ResourceView
+from tidal.k8s.status import set_condition
+
+_NAME = re.compile(r"[^a-z0-9.-]+")
+
+
+def supernode_status(cyc: Cycle, view: ResourceView, member: Membership | None) -> dict[str, Any]:
+    nodes = list(member.nodes) if member else []
+    snapshot = cyc.snapshot
+    totals = snapshot.supernode_totals(view.name) if member else None
+    failed = [n for n in nodes if not snapshot.nodes[n].ready]
+    ready = [n for n in nodes if snapshot.nodes[n].usable]
+    status: dict[str, Any] = {
+        "nodes": nodes,
+        "readyNodes": len(ready),
+        "failedNodes": failed,
+        "spareNodes": sorted(member.spares) if member else [],
+        "gpus": {
+            "total": totals.total if totals else 0,
+            "allocated": totals.allocated if totals else 0,
+            "free": totals.free if totals else 0,
+            "failed": totals.failed if totals else 0,
+            "spare": totals.spare if totals else 0,
+        },
+        "largestFreeSlice": snapshot.largest_free_slice(view.name) if member else 0,
+    }
+    conditions = cyc.writer.effective(view).get("conditions", [])
+    if not nodes:
+        healthy, reason, message = False, "NoMembers", "no Node matches the node selector"
+    elif failed:
+        healthy, reason, message = False, "Degraded", f"{len(failed)} of {len(nodes)} node(s) NotReady"
+    else:
+        healthy, reason, message = True, "AllNodesReady", f"{len(nodes)} node(s) Ready"
+    status["conditions"] = set_condition(conditions, "Healthy", healthy, reason, message, cyc.stamp)
+    return status
+
+
+def update_supernodes(cyc: Cycle) -> None:
+    for name, view in cyc.state.supernodes.items():
+        if view.deleting:
+            continue
+        # set_condition keeps lastTransitionTime for an unchanged condition, so a steady supernode
+        # compares equal and is not rewritten.
+        cyc.writer.write(view, supernode_status(cyc, view, cyc.members.get(name)))
+
+
+def supernode_name(label_value: str) -> str:
+    name = _NAME.sub("-", label_value.lower()).strip("-.")
+    return name[:253] or "supernode"
+
+
+def accelerator_of(node: NodeView) -> str:
+    for resource in sorted(node.capacity):
+        if any(word in resource for word in ("gpu", "Ascend", "npu", "neuron")):
+            return resource
+    return "nvidia.com/gpu"
+
+
+def discover(api: Api, label: str, node: NodeView, known: set[str]) -> str | None:
+    """Create the Supernode for a node's `label` value if none exists; returns its name if created."""
+    value = node.labels.get(label)
+    if not value:
+        return None
+    name = supernode_name(value)
+    if name in known:
+        return None
+    spec: dict[str, Any] = {"nodeSelector": {label: value}, "accelerator": accelerator_of(node)}
+    if node.labels.get(labels.BLOCK):
+        spec["topology"] = {"block": node.labels[labels.BLOCK]}
+    return name if api.create_supernode(name, spec) else None

@@ -1,0 +1,359 @@
+"""TrainingJob lifecycle: keep placed gangs whole, recover from failures, evict checkpoint-first.
+
+Admission (choosing who gets GPUs) lives in admission.py; this module keeps each placed job's
+pods equal to its recorded placement, level-based, so a restarted operator simply carries on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import ValidationError
+
+from tidal.clock import parse_time, rfc3339
+from tidal.k8s import labels
+from tidal.k8s.cycle import Cycle, log
+from tidal.k8s.manifests import GangShape, headless_service, pod_name, training_pods
+from tidal.k8s.state import PodView, ResourceView
+from tidal.k8s.status import condition, set_condition
+from tidal.model import TrainingJobSpec, describe_errors
+from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
+
+HOLDING = frozenset({"Admitted", "Running", "Restarting"})
+MAX_NAME = 50  # pod names are <job>-<index> and double as DNS hostnames (63 characters)
+
+
+def shape_of(view: ResourceView, status: dict[str, Any]) -> GangShape:
+    return GangShape.of(view.spec, status.get("currentDP"))
+
+
+def holds_gpus(status: dict[str, Any]) -> bool:
+    return status.get("phase") in HOLDING and bool(status.get("placement"))
+
+
+def allocations(view: ResourceView, status: dict[str, Any]) -> list[tuple[str, int]]:
+    if not holds_gpus(status):
+        return []
+    gpp = view.spec["gpusPerPod"]
+    return [(node, gpp) for group in status["placement"] for node in group["nodes"]]
+
+
+def spec_problem(view: ResourceView) -> str | None:
+    """What the schema cannot catch (or an object written before the CRD had the rule)."""
+    try:
+        TrainingJobSpec.model_validate(view.spec)
+    except ValidationError as e:
+        return "; ".join(describe_errors(e))
+    if len(view.name) > MAX_NAME:
+        return f"metadata.name: must be at most {MAX_NAME} characters (pod names double as DNS hostnames)"
+    return None
+
+
+def placement_of(plan: PlacementPlan) -> list[dict[str, Any]]:
+    return [{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups]
+
+
+def summary_fields(placement: list[dict[str, Any]], shape: GangShape) -> dict[str, Any]:
+    return {
+        "placement": sorted(placement, key=lambda g: g["group"]),
+        "supernodes": len({g["supernode"] for g in placement}),
+        "worldSize": shape.world_size,
+        "currentDP": shape.dp,
+    }
+
+
+# -- placed jobs ---------------------------------------------------------------------------------
+
+
+def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any]:
+    """One step towards: every pod of the placement exists on its node, gates lifted together."""
+    status = dict(status)
+    shape = shape_of(view, status)
+    pods = {p.name: p for p in cyc.state.pods_of("TrainingJob", view.namespace, view.name)}
+    placement = {g["group"]: g for g in status["placement"]}
+
+    if status.get("eviction"):
+        return _continue_eviction(cyc, view, status, pods)
+    if view.spec.get("suspend"):
+        return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
+
+    expected = training_pods(
+        view.name, view.namespace, view.uid, view.spec, shape, {g: p["nodes"] for g, p in placement.items()}
+    )
+    broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
+    if broken:
+        return _restart(cyc, view, status, shape, broken, pods)
+
+    for name, pod in pods.items():
+        stale = name not in expected or pod.node != _node_of(expected[name])
+        if stale and not pod.terminating and pod.uid not in cyc.deleted_uids:
+            # Left over from a larger shape, or from a group that was re-placed elsewhere.
+            node = cyc.state.nodes.get(pod.node or "")
+            cyc.delete_pod(pod, 0 if node is None or not node.ready else None)
+    missing = [name for name in expected if name not in pods]
+    for name in missing:
+        cyc.pod_creates.append(expected[name])
+    if missing and status.get("phase") == "Admitted" and len(missing) == len(expected):
+        cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
+    ready_to_release = not missing and all(
+        not pods[n].terminating and pods[n].node == _node_of(expected[n]) for n in expected
+    )
+    if ready_to_release:
+        for name in expected:
+            if pods[name].gated:
+                cyc.ungates.append((view.namespace, name, [labels.GANG_GATE]))
+
+    phases = [pods[n].phase for n in expected if n in pods]
+    if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
+        status["phase"] = "Succeeded"
+        status["reason"] = "all pods completed"
+        status["conditions"] = set_condition(
+            status.get("conditions", []), "Running", False, "Succeeded", "all pods completed", cyc.stamp
+        )
+        cyc.event(view, "Succeeded", f"all {len(expected)} pods completed")
+    elif len(phases) == len(expected) and all(p == "Running" for p in phases) and status["phase"] != "Running":
+        status["phase"] = "Running"
+        status["reason"] = f"{len(expected)} pods running on {status.get('supernodes', 0)} supernode(s)"
+        status["conditions"] = set_condition(
+            status.get("conditions", []), "Running", True, "AllPodsRunning", status["reason"], cyc.stamp
+        )
+    return status
+
+
+def _node_of(pod: dict[str, Any]) -> str:
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+
+
+def _broken_groups(
+    cyc: Cycle,
+    job: str,
+    status: dict[str, Any],
+    shape: GangShape,
+    placement: dict[int, dict[str, Any]],
+    pods: dict[str, PodView],
+) -> dict[int, str]:
+    """Group -> why it must be re-placed: a failed pod, a lost node, a vanished pod."""
+    broken: dict[int, str] = {}
+    running = status.get("phase") == "Running"
+    for group, entry in placement.items():
+        for i, node in enumerate(entry["nodes"]):
+            name = pod_name(job, group * shape.pods_per_group + i)
+            view = cyc.state.nodes.get(node)
+            pod = pods.get(name)
+            if view is None:
+                broken[group] = f"node {node} disappeared"
+            elif not view.ready:
+                broken[group] = f"node {node} is NotReady"
+            elif pod is not None and pod.phase == "Failed" and pod.node == node and not _gone(cyc, pod):
+                broken[group] = f"pod {name} failed"
+            elif pod is None and running:
+                broken[group] = f"pod {name} vanished"
+            if group in broken:
+                break
+    return broken
+
+
+def _gone(cyc: Cycle, pod: PodView) -> bool:
+    return pod.terminating or pod.uid in cyc.deleted_uids
+
+
+def _restart(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    shape: GangShape,
+    broken: dict[int, str],
+    pods: dict[str, PodView],
+) -> dict[str, Any]:
+    policy = view.spec.get("restartPolicy") or {}
+    scope, max_restarts = policy.get("scope", "Group"), policy.get("maxRestarts", 3)
+    restarts = int(status.get("restarts") or 0) + 1
+    why = "; ".join(f"group {g}: {r}" for g, r in sorted(broken.items()))
+    cyc.count("restarts")
+    if restarts > max_restarts:
+        _release(cyc, view, status, pods, grace=0)
+        cyc.event(view, "Failed", f"giving up after {max_restarts} restarts: {why}", warning=True)
+        return {
+            **_cleared(status),
+            "phase": "Failed",
+            "restarts": restarts - 1,
+            "reason": f"exceeded maxRestarts={max_restarts}: {why}",
+            "conditions": set_condition(
+                status.get("conditions", []), "Failed", True, "MaxRestartsExceeded", why, cyc.stamp
+            ),
+        }
+    log.info("restart", namespace=view.namespace, name=view.name, scope=scope, restarts=restarts, why=why)
+    conditions = set_condition(status.get("conditions", []), "Running", False, "Restarting", why, cyc.stamp)
+    if scope == "Group":
+        replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods)
+        if replaced is not None:
+            cyc.event(view, "Restarting", f"re-placed {len(broken)} group(s) (restart {restarts}): {why}", warning=True)
+            return {**replaced, "phase": "Restarting", "restarts": restarts, "reason": why, "conditions": conditions}
+    # Whole gang: give everything back and queue as a recovery (which may use hot spares).
+    _release(cyc, view, status, pods, grace=0)
+    cyc.event(view, "Restarting", f"restarting the whole gang (restart {restarts}): {why}", warning=True)
+    return {
+        **_cleared(status),
+        "phase": "Restarting",
+        "restarts": restarts,
+        "reason": f"waiting to re-place the whole gang: {why}",
+        "pendingSince": cyc.stamp,
+        "conditions": conditions,
+    }
+
+
+def _replace_groups(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    shape: GangShape,
+    groups: list[int],
+    pods: dict[str, PodView],
+) -> dict[str, Any] | None:
+    placement = {g["group"]: g for g in status["placement"]}
+    gpp = shape.gpus_per_pod
+    for g in groups:
+        for node in placement[g]["nodes"]:
+            cyc.snapshot.release(node, gpp)
+    request = GangRequest(
+        view.ref,
+        groups=len(groups),
+        group_gpus=shape.group_gpus,
+        gpus_per_pod=gpp,
+        accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
+        priority=view.spec.get("priority", 0),
+        recovery=True,
+        prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
+        group_ids=tuple(groups),
+    )
+    plan = plan_gang(cyc.snapshot, request)
+    if not isinstance(plan, PlacementPlan):
+        for g in groups:  # put the bookkeeping back; the caller restarts the whole gang
+            for node in placement[g]["nodes"]:
+                node_state = cyc.snapshot.nodes.get(node)
+                if node_state is not None:
+                    cyc.snapshot.update_node(node, allocated=node_state.allocated + gpp)
+        return None
+    apply_plan(cyc.snapshot, plan)
+    for g in groups:
+        for i in range(shape.pods_per_group):
+            name = pod_name(view.name, g * shape.pods_per_group + i)
+            if name in pods and not _gone(cyc, pods[name]):
+                lost = cyc.state.nodes.get(pods[name].node or "")
+                cyc.delete_pod(pods[name], 0 if lost is None or not lost.ready else None)
+    for group in plan.groups:
+        placement[group.group] = {"group": group.group, "supernode": group.supernode, "nodes": list(group.nodes)}
+    return {**status, **summary_fields(list(placement.values()), shape)}
+
+
+def _release(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    pods: dict[str, PodView],
+    grace: int | None = None,
+    replicas: list[int] | None = None,
+) -> None:
+    """Delete the pods (of `replicas`, or all) and free their GPUs in this cycle's snapshot."""
+    shape = shape_of(view, status)
+    for group in status.get("placement") or []:
+        if replicas and shape.replica_of_group(group["group"]) not in replicas:
+            continue
+        for node in group["nodes"]:
+            cyc.snapshot.release(node, shape.gpus_per_pod)
+    for pod in pods.values():
+        if replicas and (pod.group is None or shape.replica_of_group(pod.group) not in replicas):
+            continue
+        if not _gone(cyc, pod):
+            node = cyc.state.nodes.get(pod.node or "")
+            cyc.delete_pod(pod, 0 if node is None or not node.ready else grace)
+
+
+def _cleared(status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in status.items()
+        if k not in ("placement", "supernodes", "currentDP", "admittedAt", "eviction", "worldSize")
+    }
+
+
+# -- checkpoint-first eviction ------------------------------------------------------------------
+
+
+def start_eviction(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], *, reason: str, by: str, replicas: list[int]
+) -> dict[str, Any]:
+    """Ask the job (and its pods) to checkpoint; pods go once it confirms or the grace period ends."""
+    if status.get("eviction"):
+        return status
+    grace = int((view.spec.get("checkpoint") or {}).get("gracePeriodSeconds", 300))
+    requested = cyc.stamp
+    deadline = rfc3339(cyc.now + dt.timedelta(seconds=grace))
+    cyc.api.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
+    pods = cyc.state.pods_of("TrainingJob", view.namespace, view.name)
+    cyc.api.parallel(
+        lambda p: cyc.api.annotate_pod(p.namespace, p.name, {labels.CHECKPOINT_REQUESTED: requested}), pods
+    )
+    what = f"replicas {replicas}" if replicas else "the whole job"
+    cyc.event(
+        view, "CheckpointRequested", f"{reason} by {by}: checkpoint requested before evicting {what} (grace {grace}s)"
+    )
+    cyc.count(f"checkpoint_requests:{reason}")
+    return {
+        **status,
+        "eviction": {"reason": reason, "by": by, "requestedAt": requested, "deadline": deadline, "replicas": replicas},
+        "conditions": set_condition(
+            status.get("conditions", []), "CheckpointRequested", True, reason, f"{reason} by {by}", requested
+        ),
+    }
+
+
+def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
+    done = parse_time(view.annotations.get(labels.CHECKPOINT_DONE))
+    asked = parse_time(requested_at)
+    return done is not None and asked is not None and done >= asked
+
+
+def _continue_eviction(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView]
+) -> dict[str, Any]:
+    eviction = status["eviction"]
+    done = checkpoint_done(view, eviction["requestedAt"])
+    expired = cyc.now >= (parse_time(eviction["deadline"]) or cyc.now)
+    if not (done or expired):
+        return status
+    waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
+    cyc.count("checkpoint_wait_seconds_x1000", int(waited * 1000))
+    how = "after checkpoint-done" if done else "after the grace period without checkpoint-done"
+    replicas = eviction.get("replicas") or []
+    conditions = set_condition(status.get("conditions", []), "CheckpointRequested", False, "Evicted", how, cyc.stamp)
+    if replicas:
+        _release(cyc, view, status, pods, replicas=replicas)
+        shape = shape_of(view, status)
+        kept = [g for g in status["placement"] if shape.replica_of_group(g["group"]) not in replicas]
+        new_shape = GangShape.of(view.spec, shape.dp - len(replicas))
+        cyc.event(view, "Shrunk", f"gave back DP replicas {replicas} {how}: dp {shape.dp} -> {new_shape.dp}")
+        cyc.count(f"evictions:{eviction['reason']}:shrink")
+        out = {k: v for k, v in status.items() if k != "eviction"}
+        return {**out, **summary_fields(kept, new_shape), "conditions": conditions}
+    _release(cyc, view, status, pods)
+    cyc.count(f"evictions:{eviction['reason']}:whole")
+    suspended = eviction["reason"] == "Suspended"
+    phase = "Suspended" if suspended else "Pending"
+    message = f"{eviction['reason']} by {eviction['by']}; pods deleted {how}"
+    conditions = set_condition(conditions, "Preempted", not suspended, eviction["reason"], message, cyc.stamp)
+    cyc.event(view, eviction["reason"], message, warning=not suspended)
+    return {
+        **_cleared(status),
+        "phase": phase,
+        "reason": message,
+        "pendingSince": cyc.stamp,
+        "conditions": set_condition(conditions, "Running", False, eviction["reason"], message, cyc.stamp),
+    }
+
+
+def was_preempted(status: dict[str, Any]) -> bool:
+    c = condition(status.get("conditions", []), "Preempted")
+    return bool(c and c.get("status") == "True")
