@@ -128,7 +128,7 @@ YAML
   PYTHONPATH="$repo/operator${PYTHONPATH:+:$PYTHONPATH}" "$(python_bin)" -m tidal "${args[@]}" >"$cluster_dir/nodes.yaml"
   local count; count=$(grep -c '^kind: Node' "$cluster_dir/nodes.yaml")
   log "creating $count simulated GPU nodes ($shape, $supernodes supernodes)"
-  "${k[@]}" apply --server-side -f "$cluster_dir/nodes.yaml" >/dev/null
+  "${k[@]}" apply --server-side --force-conflicts -f "$cluster_dir/nodes.yaml" >/dev/null
   wait_for 300 "$count nodes to be Ready and untainted" nodes_settled
   wait_for 120 "the default ServiceAccount" "${k[@]}" get serviceaccount default -n default
   log "cluster $name up with $count nodes in $(( $(date +%s) - start )) s"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .kube import E2E, REPO, Kube, bin_dir
+from .kube import E2E, REPO, Kube, bin_dir, eventually
+from .operator_process import OperatorProcess
 
 CLUSTER_NAME = os.environ.get("TIDAL_CLUSTER_NAME", "tidal-test")
 
@@ -28,6 +29,7 @@ def kube() -> Kube:
     k = Kube(kubeconfig, bin_dir())
     k.run("apply", "--server-side", "-f", str(REPO / "crds"))
     k.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
+    k.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
     yield k
     if not was_up and not os.environ.get("TIDAL_KEEP_CLUSTER"):
         subprocess.run([str(E2E / "cluster.sh"), "down"], env=env, check=False)
@@ -37,7 +39,28 @@ def kube() -> Kube:
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> str:
     name = "t-" + request.node.name.lower().replace("_", "-")[:50].strip("-")
     kube.delete("namespace", name)
-    kube.run("wait", "--for=delete", f"namespace/{name}", "--timeout=60s", check=False)
+    kube.run("wait", "--for=delete", f"namespace/{name}", "--timeout=90s", check=False)
     kube.run("create", "namespace", name)
     yield name
+    # Wait for the namespace to go, so the next test starts with every GPU free.
     kube.delete("namespace", name)
+    kube.run("wait", "--for=delete", f"namespace/{name}", "--timeout=90s", check=False)
+
+
+@pytest.fixture(scope="session")
+def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> OperatorProcess:
+    """tidal run, discovering Supernodes from the tidal.dev/supernode node label."""
+    op = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("operator"),
+                         "--discover-supernodes", "tidal.dev/supernode")
+    op.start()
+    eventually(lambda: len(kube.get("supernodes")["items"]) >= 8, timeout=60, what="8 discovered Supernodes")
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def running_operator(operator: OperatorProcess) -> OperatorProcess:
+    """The session operator, restarted first if a previous test killed it."""
+    if operator.proc is None or operator.proc.poll() is not None:
+        operator.start()
+    return operator

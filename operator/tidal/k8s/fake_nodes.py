@@ -29,7 +29,7 @@ def node_manifest(node_name: str, supernode: FleetSupernode, gpus: int, accelera
         "metadata": {
             "name": node_name,
             "labels": node_labels,
-            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {KWOK_ANNOTATION: "fake"},
         },
         "spec": {},
         "status": {
