@@ -41,6 +41,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_placement(args: argparse.Namespace) -> int:
+    from tidal.k8s.api import load_client
+    from tidal.k8s.report import placement_table
+
+    print(placement_table(load_client(str(args.kubeconfig) if args.kubeconfig else None)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidal", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("--out", type=Path, default=Path("crds"), help="directory (default: crds)")
     crds.add_argument("--check", action="store_true", help="exit 1 if the files differ from the models")
     crds.set_defaults(func=_cmd_crds)
+
+    placement = sub.add_parser("placement", help="print where every HBD group landed, per supernode")
+    placement.add_argument("--kubeconfig", type=Path, default=None)
+    placement.set_defaults(func=_cmd_placement)
 
     fleet = sub.add_parser("fleet", help="print Node manifests of a simulated GPU fleet (for KWOK)")
     fleet.add_argument("--shape", default="nvl72", choices=["nvl72", "cm384", "hgx8", "mixed"])
