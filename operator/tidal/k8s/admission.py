@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tidal.clock import parse_time
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.state import ResourceView
@@ -160,6 +161,9 @@ def _admitted(
     )
     cyc.event(view, "Admitted", message)
     cyc.count("admitted")
+    since = parse_time(status.get("pendingSince"))
+    if since is not None:
+        cyc.pending_waits.append(max((cyc.now - since).total_seconds(), 0.0))
     conditions = set_condition(status.get("conditions", []), "Admitted", True, "Placed", message, cyc.stamp)
     conditions = set_condition(conditions, "Schedulable", True, "Placed", message, cyc.stamp)
     return {

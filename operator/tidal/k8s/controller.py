@@ -26,10 +26,12 @@ class ControllerSettings:
 
 @dataclass
 class CycleReport:
+    """What a cycle saw and did, for metrics and benchmarks."""
+
+    cycle: Cycle | None = None
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = field(default_factory=dict)
     seconds: float = 0.0
     overbooked_gpus: int = 0
-    placements_ms: list[float] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
 
 
 class Controller:
@@ -92,9 +94,7 @@ class Controller:
         admit_queued(cyc, statuses)
         cyc.flush_pods()
         update_supernodes(cyc)
-        report = CycleReport(
-            overbooked_gpus=overbooked_gpus(snapshot), placements_ms=cyc.placements_ms, counters=cyc.counters
-        )
+        report = CycleReport(cycle=cyc, statuses=statuses, overbooked_gpus=overbooked_gpus(snapshot))
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report

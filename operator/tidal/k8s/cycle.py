@@ -33,7 +33,10 @@ class Cycle:
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
     placements_ms: list[float] = field(default_factory=list)
+    checkpoint_waits: list[float] = field(default_factory=list)
+    pending_waits: list[float] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    """Things that happened this cycle: admitted, preemptions, restarts, evictions:<reason>:<how>..."""
 
     @property
     def stamp(self) -> str:

@@ -34,11 +34,16 @@ def placement_table(api_client: client.ApiClient) -> str:
     for sn in supernodes:
         st = sn.get("status") or {}
         gpus = st.get("gpus") or {}
-        rows.append((
-            sn["metadata"]["name"], (sn["spec"].get("topology") or {}).get("block") or "-",
-            str(gpus.get("total", 0)), str(gpus.get("free", 0)), str(gpus.get("failed", 0)),
-            ", ".join(f"{w}[{_ranges(ids)}]" for w, ids in sorted(groups[sn["metadata"]["name"]].items())) or "-",
-        ))
+        rows.append(
+            (
+                sn["metadata"]["name"],
+                (sn["spec"].get("topology") or {}).get("block") or "-",
+                str(gpus.get("total", 0)),
+                str(gpus.get("free", 0)),
+                str(gpus.get("failed", 0)),
+                ", ".join(f"{w}[{_ranges(ids)}]" for w, ids in sorted(groups[sn["metadata"]["name"]].items())) or "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows]
     lines.append("")

@@ -23,6 +23,12 @@ def run(args: argparse.Namespace) -> int:
     api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
     controller = Controller(api, clock, ControllerSettings(min_cycle_seconds=args.cycle_seconds))
+    if args.metrics_port:
+        from tidal.metrics import Metrics
+
+        metrics = Metrics()
+        metrics.serve(args.metrics_port)
+        controller.listeners.append(metrics.observe)
     memo = kopf.Memo(controller=controller, discover_label=args.discover_supernodes or None)
     kopf.run(
         clusterwide=not args.namespace,
@@ -49,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peering-name", default="tidal", help="kopf peering object shared by the replicas")
     parser.add_argument("--standalone", action="store_true", help="run without peering (single replica only)")
     parser.add_argument("--health-port", type=int, default=8080, help="liveness endpoint /healthz; 0 disables")
+    parser.add_argument("--metrics-port", type=int, default=8081, help="Prometheus /metrics; 0 disables")
     parser.add_argument(
         "--discover-supernodes",
         metavar="LABEL",

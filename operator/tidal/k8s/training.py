@@ -325,7 +325,7 @@ def _continue_eviction(
     if not (done or expired):
         return status
     waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
-    cyc.count("checkpoint_wait_seconds_x1000", int(waited * 1000))
+    cyc.checkpoint_waits.append(waited)
     how = "after checkpoint-done" if done else "after the grace period without checkpoint-done"
     replicas = eviction.get("replicas") or []
     conditions = set_condition(status.get("conditions", []), "CheckpointRequested", False, "Evicted", how, cyc.stamp)
