@@ -26,9 +26,9 @@ from collections import Counter
 from pathlib import Path
 
 import yaml
-
 from tests.cluster.kube import E2E, REPO, Kube, bin_dir, eventually
 from tests.cluster.operator_process import OperatorProcess, free_port
+
 from tidal.placement.workload_mix import TRAINING_MIX, sample_shapes
 
 CLUSTER = "tidal-bench"
@@ -40,8 +40,7 @@ def job_manifest(name: str, tp: int, ep: int, pp: int, dp: int, gpp: int, priori
         "apiVersion": "tidal.dev/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": "bench"},
-        "spec": {"tp": tp, "ep": ep, "pp": pp, "dp": dp, "gpusPerPod": gpp, "priority": priority,
-                 "template": TEMPLATE},
+        "spec": {"tp": tp, "ep": ep, "pp": pp, "dp": dp, "gpusPerPod": gpp, "priority": priority, "template": TEMPLATE},
     }
 
 
@@ -59,8 +58,7 @@ def mixed_jobs(count: int, seed: int, budget: int) -> list[dict]:
             raise ValueError(f"{count} jobs do not fit in {budget} GPUs")
         shape = sample_shapes(rng, 1, fitting)[0]
         used += shape.gpus
-        jobs.append(job_manifest(f"job-{len(jobs):02d}", shape.tp, shape.ep, shape.pp, shape.dp,
-                                 shape.gpus_per_pod))
+        jobs.append(job_manifest(f"job-{len(jobs):02d}", shape.tp, shape.ep, shape.pp, shape.dp, shape.gpus_per_pod))
     return jobs
 
 
@@ -73,8 +71,7 @@ def peak_rss_mb(pid: int) -> float:
 
 def api_requests(metrics_port: int) -> int:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return int(sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("tidal_api_requests{")))
+    return int(sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tidal_api_requests{")))
 
 
 def audit_pods(kube: Kube) -> tuple[int, int]:
@@ -99,8 +96,13 @@ def audit_pods(kube: Kube) -> tuple[int, int]:
 def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
     env = {**os.environ, "TIDAL_CLUSTER_NAME": CLUSTER}
     started = time.monotonic()
-    out = subprocess.run([str(E2E / "cluster.sh"), "up", "--shape", "nvl72", "--supernodes", str(supernodes)],
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(E2E / "cluster.sh"), "up", "--shape", "nvl72", "--supernodes", str(supernodes)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     cluster_up_s = time.monotonic() - started
     kube = Kube(Path(out.strip().splitlines()[-1].removeprefix("export KUBECONFIG=")), bin_dir())
     kube.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
@@ -109,13 +111,22 @@ def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
     kube.run("create", "namespace", "bench", check=False)
     node_count = len(kube.get("nodes")["items"])
     metrics_port = free_port()
-    op = OperatorProcess(kube.kubeconfig, Path(tempfile.mkdtemp(prefix="tidal-bench-")),
-                         "--discover-supernodes", "tidal.dev/supernode", "--metrics-port", str(metrics_port),
-                         env={"TIDAL_LOG_LEVEL": "WARNING"})
+    op = OperatorProcess(
+        kube.kubeconfig,
+        Path(tempfile.mkdtemp(prefix="tidal-bench-")),
+        "--discover-supernodes",
+        "tidal.dev/supernode",
+        "--metrics-port",
+        str(metrics_port),
+        env={"TIDAL_LOG_LEVEL": "WARNING"},
+    )
     op.start()
     try:
-        eventually(lambda: sum(1 for s in kube.get("supernodes")["items"] if s.get("status", {}).get("gpus"))
-                   == supernodes, timeout=120, what="supernode status")
+        eventually(
+            lambda: sum(1 for s in kube.get("supernodes")["items"] if s.get("status", {}).get("gpus")) == supernodes,
+            timeout=120,
+            what="supernode status",
+        )
         requests_before = api_requests(metrics_port)
         big = job_manifest("big-gang", 8, 8, 4, 4, 4, priority=10)
         others = mixed_jobs(jobs, seed, budget=int(supernodes * 72 * 0.75) - 1024)
@@ -123,16 +134,23 @@ def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
         kube.run("apply", "-f", "-", input=yaml.safe_dump_all([big, *others]))
 
         def phases() -> dict[str, str]:
-            return {j["metadata"]["name"]: j.get("status", {}).get("phase", "")
-                    for j in kube.get("trainingjobs", "-n", "bench")["items"]}
+            return {
+                j["metadata"]["name"]: j.get("status", {}).get("phase", "")
+                for j in kube.get("trainingjobs", "-n", "bench")["items"]
+            }
 
         eventually(lambda: phases().get("big-gang") == "Running", timeout=600, interval=0.25, what="big gang")
         big_s = time.monotonic() - t0
-        eventually(lambda: all(p in ("Admitted", "Running") for p in phases().values()), timeout=600,
-                   interval=0.25, what="all admitted")
+        eventually(
+            lambda: all(p in ("Admitted", "Running") for p in phases().values()),
+            timeout=600,
+            interval=0.25,
+            what="all admitted",
+        )
         admit_s = time.monotonic() - t0
-        eventually(lambda: all(p == "Running" for p in phases().values()), timeout=600, interval=0.5,
-                   what="all running")
+        eventually(
+            lambda: all(p == "Running" for p in phases().values()), timeout=600, interval=0.5, what="all running"
+        )
         running_s = time.monotonic() - t0
         split, over = audit_pods(kube)
         pods = len(kube.get("pods", "-n", "bench")["items"])
@@ -143,8 +161,8 @@ def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
             "big_gang_gpus": 1024,
             "big_gang_seconds_to_running": round(big_s, 2),
             "jobs": 1 + len(others),
-            "job_gpus": 1024 + sum(j["spec"]["tp"] * j["spec"]["ep"] * j["spec"]["pp"] * j["spec"]["dp"]
-                                   for j in others),
+            "job_gpus": 1024
+            + sum(j["spec"]["tp"] * j["spec"]["ep"] * j["spec"]["pp"] * j["spec"]["dp"] for j in others),
             "pods": pods,
             "seconds_to_admit_all": round(admit_s, 2),
             "seconds_to_running_all": round(running_s, 2),

@@ -50,8 +50,9 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> OperatorProcess:
     """tidal run, discovering Supernodes from the tidal.dev/supernode node label."""
-    op = OperatorProcess(kube.kubeconfig, tmp_path_factory.mktemp("operator"),
-                         "--discover-supernodes", "tidal.dev/supernode")
+    op = OperatorProcess(
+        kube.kubeconfig, tmp_path_factory.mktemp("operator"), "--discover-supernodes", "tidal.dev/supernode"
+    )
     op.start()
     eventually(lambda: len(kube.get("supernodes")["items"]) >= 8, timeout=60, what="8 discovered Supernodes")
     yield op

@@ -34,7 +34,8 @@ def status(kube: Kube, namespace: str, name: str) -> dict:
 def wait_phase(kube: Kube, namespace: str, name: str, phase: str, timeout: float = 90) -> dict:
     return eventually(
         lambda: (s := status(kube, namespace, name)).get("phase") == phase and s,
-        timeout=timeout, what=f"{name} {phase}",
+        timeout=timeout,
+        what=f"{name} {phase}",
     )
 
 
@@ -60,27 +61,42 @@ def assert_gangs_sound(kube: Kube) -> None:
     over = {n: g for n, g in per_node.items() if g > capacity.get(n, 0)}
     assert not over, f"over-booked nodes: {over}"
     jobs = {(j["metadata"]["namespace"], j["metadata"]["uid"]) for j in kube.get("trainingjobs", "-A")["items"]}
-    orphans = [p["metadata"]["name"] for p in pods
-               if (p["metadata"]["namespace"], p["metadata"]["ownerReferences"][0]["uid"]) not in jobs]
+    orphans = [
+        p["metadata"]["name"]
+        for p in pods
+        if (p["metadata"]["namespace"], p["metadata"]["ownerReferences"][0]["uid"]) not in jobs
+    ]
     assert not orphans, f"orphaned pods: {orphans}"
 
 
 @pytest.fixture
 def restore_nodes(kube: Kube):
     yield
-    manifests = subprocess.run([sys.executable, "-m", "tidal", "fleet", "--shape", "nvl72", "--supernodes", "8"],
-                               check=True, capture_output=True, text=True).stdout
+    manifests = subprocess.run(
+        [sys.executable, "-m", "tidal", "fleet", "--shape", "nvl72", "--supernodes", "8"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     kube.run("apply", "--server-side", "--force-conflicts", "-f", "-", input=manifests)
-    eventually(lambda: all(
-        any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
-        for n in kube.get("nodes")["items"]) and len(kube.get("nodes")["items"]) == 144,
-        timeout=90, what="all 144 nodes back and Ready")
+    eventually(
+        lambda: (
+            all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                for n in kube.get("nodes")["items"]
+            )
+            and len(kube.get("nodes")["items"]) == 144
+        ),
+        timeout=90,
+        what="all 144 nodes back and Ready",
+    )
 
 
 def test_supernodes_discovered_with_live_status(kube: Kube, running_operator: OperatorProcess):
     def settled():
         items = kube.get("supernodes")["items"]
         return len(items) == 8 and all(s.get("status", {}).get("gpus", {}).get("total") == 72 for s in items) and items
+
     items = eventually(settled, timeout=60, what="supernode status")
     sn = next(s for s in items if s["metadata"]["name"] == "nvl72-0003")
     assert sn["spec"]["nodeSelector"] == {"tidal.dev/supernode": "nvl72-0003"}
@@ -128,15 +144,23 @@ def test_gang_is_placed_whole_with_megatron_ranks(kube: Kube, running_operator: 
 
 
 def test_unplaceable_jobs_say_why_with_numbers(kube: Kube, running_operator: OperatorProcess, namespace: str):
-    submit(kube, namespace,
-           job("too-big", tp=4, ep=16, pp=1, dp=9),  # 9 groups of 64 on 8 racks
-           job("fat-pods", tp=8, ep=1, pp=1, dp=1, gpusPerPod=8),  # nodes have 4 GPUs
-           job("ok-small", tp=4, ep=1, pp=1, dp=1))
+    submit(
+        kube,
+        namespace,
+        job("too-big", tp=4, ep=16, pp=1, dp=9),  # 9 groups of 64 on 8 racks
+        job("fat-pods", tp=8, ep=1, pp=1, dp=1, gpusPerPod=8),  # nodes have 4 GPUs
+        job("ok-small", tp=4, ep=1, pp=1, dp=1),
+    )
     wait_phase(kube, namespace, "ok-small", "Running")
-    for name, fragment in (("too-big", "the whole cluster holds 8 such group(s) even when empty"),
-                           ("fat-pods", "a pod needs 8 nvidia.com/gpu but the largest node has 4")):
-        st = eventually(lambda n=name: fragment in status(kube, namespace, n).get("reason", "")
-                        and status(kube, namespace, n), timeout=30, what=f"{name} reason")
+    for name, fragment in (
+        ("too-big", "the whole cluster holds 8 such group(s) even when empty"),
+        ("fat-pods", "a pod needs 8 nvidia.com/gpu but the largest node has 4"),
+    ):
+        st = eventually(
+            lambda n=name, f=fragment: f in status(kube, namespace, n).get("reason", "") and status(kube, namespace, n),
+            timeout=30,
+            what=f"{name} reason",
+        )
         assert st["phase"] == "Pending"
         cond = {c["type"]: c for c in st["conditions"]}["Schedulable"]
         assert cond["status"] == "False" and fragment in cond["message"]
@@ -149,18 +173,29 @@ def test_higher_priority_preempts_whole_gang_checkpoint_first(
     kube: Kube, running_operator: OperatorProcess, namespace: str
 ):
     # Low-priority job holds 7 of the 8 racks (one 64-GPU group per rack).
-    submit(kube, namespace, job("batch", tp=4, ep=16, pp=1, dp=7, priority=1, preemptible=True,
-                                checkpoint={"gracePeriodSeconds": 120}))
+    submit(
+        kube,
+        namespace,
+        job("batch", tp=4, ep=16, pp=1, dp=7, priority=1, preemptible=True, checkpoint={"gracePeriodSeconds": 120}),
+    )
     wait_phase(kube, namespace, "batch", "Running")
     submit(kube, namespace, job("urgent", tp=4, ep=16, pp=1, dp=2, priority=100))
     # The victim is asked to checkpoint first; its pods stay until it confirms.
     requested = eventually(
-        lambda: kube.get("trainingjob", "batch", "-n", namespace)["metadata"].get("annotations", {})
-        .get("tidal.dev/checkpoint-requested"), timeout=30, what="checkpoint request")
+        lambda: (
+            kube.get("trainingjob", "batch", "-n", namespace)["metadata"]
+            .get("annotations", {})
+            .get("tidal.dev/checkpoint-requested")
+        ),
+        timeout=30,
+        what="checkpoint request",
+    )
     time.sleep(2)
     assert len(pods_of(kube, namespace, "batch")) == 7 * 16, "no pod deleted before the checkpoint"
-    assert all(p["metadata"]["annotations"].get("tidal.dev/checkpoint-requested") == requested
-               for p in pods_of(kube, namespace, "batch"))
+    assert all(
+        p["metadata"]["annotations"].get("tidal.dev/checkpoint-requested") == requested
+        for p in pods_of(kube, namespace, "batch")
+    )
     assert "waiting for 1 preempted job(s)" in status(kube, namespace, "urgent")["reason"]
     kube.run("annotate", "-n", namespace, "trainingjob", "batch", f"tidal.dev/checkpoint-done={requested}")
     wait_phase(kube, namespace, "urgent", "Running")
@@ -176,12 +211,15 @@ def test_node_loss_replaces_only_the_broken_group(
     kube: Kube, running_operator: OperatorProcess, namespace: str, restore_nodes
 ):
     submit(kube, namespace, job("resilient", tp=4, ep=4, pp=2, dp=1, restartPolicy={"scope": "Group"}))
-    st = wait_phase(kube, namespace, "resilient", "Running")
+    wait_phase(kube, namespace, "resilient", "Running")
     before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_of(kube, namespace, "resilient")}
     victim_node = before["resilient-5"]  # a pod of group 1
     kube.run("delete", "node", victim_node)
-    st = eventually(lambda: (s := status(kube, namespace, "resilient")).get("restarts") == 1
-                    and s.get("phase") == "Running" and s, timeout=90, what="restarted and Running")
+    eventually(
+        lambda: (s := status(kube, namespace, "resilient")).get("restarts") == 1 and s.get("phase") == "Running" and s,
+        timeout=90,
+        what="restarted and Running",
+    )
     after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_of(kube, namespace, "resilient")}
     assert sorted(after) == sorted(before), "exactly one pod per rank"
     assert victim_node not in after.values()
@@ -200,18 +238,33 @@ def test_failed_pods_restart_until_max_restarts(kube: Kube, running_operator: Op
     wait_phase(kube, namespace, "flaky", "Running")
 
     def fail(pod: str) -> None:
-        kube.run("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge",
-                 "-p", '{"status":{"phase":"Failed"}}')
+        kube.run(
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            '{"status":{"phase":"Failed"}}',
+        )
 
     fail("flaky-1")
-    eventually(lambda: (s := status(kube, namespace, "flaky")).get("restarts") == 1 and s["phase"] == "Running",
-               timeout=90, what="gang restarted once")
+    eventually(
+        lambda: (s := status(kube, namespace, "flaky")).get("restarts") == 1 and s["phase"] == "Running",
+        timeout=90,
+        what="gang restarted once",
+    )
     fail("flaky-0")
     st = wait_phase(kube, namespace, "flaky", "Failed")
     assert "exceeded maxRestarts=1" in st["reason"]
     assert {c["type"]: c["status"] for c in st["conditions"]}["Failed"] == "True"
-    eventually(lambda: not [p for p in pods_of(kube, namespace, "flaky") if not p["metadata"].get("deletionTimestamp")],
-               timeout=60, what="pods of the failed job deleted")
+    eventually(
+        lambda: not [p for p in pods_of(kube, namespace, "flaky") if not p["metadata"].get("deletionTimestamp")],
+        timeout=60,
+        what="pods of the failed job deleted",
+    )
 
 
 def test_operator_killed_mid_admission_leaves_one_pod_per_rank(
@@ -237,11 +290,16 @@ def test_operator_killed_mid_recovery_converges(
 ):
     submit(kube, namespace, job("phoenix", tp=4, ep=4, pp=2, dp=2))
     wait_phase(kube, namespace, "phoenix", "Running")
-    node = next(p["spec"]["nodeName"] for p in pods_of(kube, namespace, "phoenix")
-                if p["metadata"]["name"] == "phoenix-9")
+    node = next(
+        p["spec"]["nodeName"] for p in pods_of(kube, namespace, "phoenix") if p["metadata"]["name"] == "phoenix-9"
+    )
     kube.run("delete", "node", node)
-    eventually(lambda: status(kube, namespace, "phoenix").get("restarts") == 1, timeout=60, interval=0.05,
-               what="recovery started")
+    eventually(
+        lambda: status(kube, namespace, "phoenix").get("restarts") == 1,
+        timeout=60,
+        interval=0.05,
+        what="recovery started",
+    )
     running_operator.kill()
     running_operator.start()
     st = wait_phase(kube, namespace, "phoenix", "Running", timeout=120)
@@ -257,5 +315,8 @@ def test_deleting_a_job_deletes_its_pods_and_service(kube: Kube, running_operato
     wait_phase(kube, namespace, "short", "Running")
     kube.run("delete", "trainingjob", "short", "-n", namespace, "--wait=true", "--timeout=60s")
     eventually(lambda: not pods_of(kube, namespace, "short"), timeout=90, what="pods garbage-collected")
-    eventually(lambda: kube.run("get", "service", "short", "-n", namespace, check=False).returncode != 0,
-               timeout=60, what="service garbage-collected")
+    eventually(
+        lambda: kube.run("get", "service", "short", "-n", namespace, check=False).returncode != 0,
+        timeout=60,
+        what="service garbage-collected",
+    )
