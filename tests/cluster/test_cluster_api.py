@@ -29,8 +29,10 @@ def inference_pool(name: str, **spec) -> dict:
 
 
 def test_crds_are_established(kube: Kube):
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    names = [doc["metadata"]["name"] for path in sorted((REPO / "crds").glob("*.yaml"))
+             for doc in yaml.safe_load_all(path.read_text())]
+    assert len(names) == 5
+    for name in names:
         crd = kube.get("crd", name)
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conditions.get("Established") == "True", name
