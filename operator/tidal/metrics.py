@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_se
 from prometheus_client import Counter as PromCounter
 
 from tidal.clock import parse_time
+from tidal.k8s.pools import pool_allocations
 from tidal.k8s.training import allocations
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class Metrics:
 
     def _gpus_by_class(self, report: CycleReport, snapshot: Any) -> dict[str, int]:
         training = sum(g for view, status in report.statuses.values() for _, g in allocations(view, status))
-        inference = sum(g for _, g in getattr(report, "inference_allocations", []))
+        inference = sum(g for view, status in report.pools.values() for _, g in pool_allocations(view, status))
         allocated = snapshot.allocated_gpus()
         usable = sum(n.gpus for n in snapshot.nodes.values() if n.usable)
         failed = sum(n.gpus for n in snapshot.nodes.values() if not n.usable)
@@ -168,8 +169,9 @@ class Metrics:
                 since = parse_time(status.get("pendingSince"))
                 if since is not None:
                     oldest = max(oldest, (cyc.now - since).total_seconds())
-        for key, n in getattr(report, "pool_phases", Counter()).items():
-            counts[("InferencePool", key)] += n
+        for _, status in report.pools.values():
+            scaled = status.get("placedReplicas", 0) >= status.get("desiredReplicas", 0)
+            counts[("InferencePool", "Scaled" if scaled else "BelowDesired")] += 1
         self.jobs.clear()
         for (kind, phase), n in counts.items():
             self.jobs.labels(kind=kind, phase=phase).set(n)

@@ -29,8 +29,11 @@ def inference_pool(name: str, **spec) -> dict:
 
 
 def test_crds_are_established(kube: Kube):
-    names = [doc["metadata"]["name"] for path in sorted((REPO / "crds").glob("*.yaml"))
-             for doc in yaml.safe_load_all(path.read_text())]
+    names = [
+        doc["metadata"]["name"]
+        for path in sorted((REPO / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
     assert len(names) == 5
     for name in names:
         crd = kube.get("crd", name)

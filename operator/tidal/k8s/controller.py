@@ -13,15 +13,19 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.cache import build_snapshot, memberships, overbooked_gpus
 from tidal.k8s.cycle import Cycle, log
+from tidal.k8s.pools import pool_allocations
+from tidal.k8s.rebalancing import RebalanceSettings, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernodes
 from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
+from tidal.rebalance import DemandTracker
 
 
 @dataclass
 class ControllerSettings:
     min_cycle_seconds: float = 0.5
+    rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
 
 
 @dataclass
@@ -30,6 +34,7 @@ class CycleReport:
 
     cycle: Cycle | None = None
     statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = field(default_factory=dict)
+    pools: dict[str, tuple[ResourceView, dict[str, Any]]] = field(default_factory=dict)
     seconds: float = 0.0
     overbooked_gpus: int = 0
 
@@ -41,6 +46,7 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.writer = StatusWriter(api)
         self.deleted_uids: set[str] = set()
+        self.demand = DemandTracker()
         self.last_report = CycleReport()
         self.cycles = 0
         self._lock = threading.Lock()
@@ -69,9 +75,13 @@ class Controller:
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
             view.uid: (view, self.writer.effective(view)) for view in state.jobs.values()
         }
-        self.writer.forget({v.uid for v in state.jobs.values()} | {v.uid for v in state.supernodes.values()})
+        pools: dict[str, tuple[ResourceView, dict[str, Any]]] = {
+            view.uid: (view, self.writer.effective(view)) for view in state.pools.values()
+        }
+        self.writer.forget({v.uid for v in (*state.jobs.values(), *state.supernodes.values(), *state.pools.values())})
         members = memberships(state)
         held = [a for view, status in statuses.values() if not view.deleting for a in allocations(view, status)]
+        held += [a for view, status in pools.values() if not view.deleting for a in pool_allocations(view, status)]
         snapshot = build_snapshot(state, members, held)
         live_pods = {p.uid for p in state.pods.values()}
         self.deleted_uids &= live_pods  # forget pods that are gone for good
@@ -91,10 +101,13 @@ class Controller:
             statuses[uid] = (view, new)
             self.writer.write(view, new)
 
+        pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
         admit_queued(cyc, statuses)
+        if not pools_waiting:
+            expand_elastic(cyc, statuses, self.settings.rebalance)
         cyc.flush_pods()
         update_supernodes(cyc)
-        report = CycleReport(cycle=cyc, statuses=statuses, overbooked_gpus=overbooked_gpus(snapshot))
+        report = CycleReport(cycle=cyc, statuses=statuses, pools=pools, overbooked_gpus=overbooked_gpus(snapshot))
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report

@@ -69,6 +69,11 @@ def tidal_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any
     return {(namespace, name): resource_view(dict(body))}
 
 
+@kopf.index(API_GROUP, API_VERSION, "inferencepools")
+def tidal_pools(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): resource_view(dict(body))}
+
+
 def _single(index: kopf.Index) -> dict[Any, Any]:
     return {key: value for key, store in index.items() for value in store}
 

@@ -19,10 +19,12 @@ def run(args: argparse.Namespace) -> int:
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
     from tidal.k8s.api import Api, load_client
     from tidal.k8s.controller import Controller, ControllerSettings
+    from tidal.k8s.rebalancing import RebalanceSettings
 
     api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
-    controller = Controller(api, clock, ControllerSettings(min_cycle_seconds=args.cycle_seconds))
+    rebalance = RebalanceSettings(disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour)
+    controller = Controller(api, clock, ControllerSettings(min_cycle_seconds=args.cycle_seconds, rebalance=rebalance))
     if args.metrics_port:
         from tidal.metrics import Metrics
 
@@ -66,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--clock-file", default=None, help="read the current time from this file when present (drills and tests)"
+    )
+    parser.add_argument(
+        "--disruption-budget-gpus-per-hour",
+        type=int,
+        default=None,
+        help="most training GPUs the rebalancer may evict per hour (default: no limit)",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))

@@ -329,15 +329,22 @@ def _continue_eviction(
     how = "after checkpoint-done" if done else "after the grace period without checkpoint-done"
     replicas = eviction.get("replicas") or []
     conditions = set_condition(status.get("conditions", []), "CheckpointRequested", False, "Evicted", how, cyc.stamp)
+    shape = shape_of(view, status)
+    evicted = [g for g in status["placement"] if not replicas or shape.replica_of_group(g["group"]) in replicas]
+    record = {
+        "at": cyc.stamp,
+        "gpus": sum(len(g["nodes"]) for g in evicted) * shape.gpus_per_pod,
+        "reason": eviction["reason"],
+    }
+    history = [*status.get("evictionHistory", []), record][-10:]
     if replicas:
         _release(cyc, view, status, pods, replicas=replicas)
-        shape = shape_of(view, status)
         kept = [g for g in status["placement"] if shape.replica_of_group(g["group"]) not in replicas]
         new_shape = GangShape.of(view.spec, shape.dp - len(replicas))
         cyc.event(view, "Shrunk", f"gave back DP replicas {replicas} {how}: dp {shape.dp} -> {new_shape.dp}")
         cyc.count(f"evictions:{eviction['reason']}:shrink")
         out = {k: v for k, v in status.items() if k != "eviction"}
-        return {**out, **summary_fields(kept, new_shape), "conditions": conditions}
+        return {**out, **summary_fields(kept, new_shape), "conditions": conditions, "evictionHistory": history}
     _release(cyc, view, status, pods)
     cyc.count(f"evictions:{eviction['reason']}:whole")
     suspended = eviction["reason"] == "Suspended"
@@ -350,6 +357,7 @@ def _continue_eviction(
         "phase": phase,
         "reason": message,
         "pendingSince": cyc.stamp,
+        "evictionHistory": history,
         "conditions": set_condition(conditions, "Running", False, eviction["reason"], message, cyc.stamp),
     }
 

@@ -48,10 +48,10 @@ class LoadSpec(ApiModel):
     """Live load signal: replicas = ceil(current rate / target rate per replica)."""
 
     target_per_replica: float = Field(gt=0, description="Requests per second one replica should serve.")
-    source: Literal["Status", "Prometheus"] = Field(
-        default="Status",
-        description="Status: read status.load.currentRate (any autoscaler may write it); "
-        "Prometheus: run the query in `prometheus`.",
+    source: Literal["Annotation", "Prometheus"] = Field(
+        default="Annotation",
+        description="Annotation: read the pool's tidal.dev/load-rps annotation (any autoscaler or "
+        "gateway may write it); Prometheus: run the instant query in `prometheus`.",
     )
     prometheus: PrometheusSource | None = Field(default=None, description="Query for source=Prometheus.")
 
@@ -118,10 +118,11 @@ class InferencePoolSpec(ApiModel):
 
 
 class LoadStatus(ApiModel):
-    """Load as last observed; `currentRate` may be written by any autoscaler."""
+    """Load as last observed by the operator."""
 
     current_rate: float | None = Field(default=None, ge=0, description="Requests per second across the pool.")
     observed_at: str | None = Field(default=None, description="When the rate was observed.")
+    error: str | None = Field(default=None, description="Why the last read of the load signal failed.")
 
 
 class InferencePoolStatus(ApiModel):
@@ -133,5 +134,7 @@ class InferencePoolStatus(ApiModel):
     reason: str = Field(default="", description="Why desired and placed differ, with numbers.")
     placement: list[GroupPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
     load: LoadStatus | None = Field(default=None, description="Load signal.")
+    scaled_at: str | None = Field(default=None, description="When replicas were last added or removed.")
+    floor: int | None = Field(default=None, description="Replica floor from the schedule now.")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

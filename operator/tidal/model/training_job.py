@@ -160,6 +160,14 @@ class EvictionStatus(ApiModel):
     )
 
 
+class EvictionRecord(ApiModel):
+    """A past eviction, kept so the disruption budget survives operator restarts."""
+
+    at: str = Field(description="When the pods were evicted.")
+    gpus: int = Field(ge=0, description="GPUs given back.")
+    reason: str = Field(description="Preempted, Rebalanced or Suspended.")
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state of a TrainingJob."""
 
@@ -173,5 +181,8 @@ class TrainingJobStatus(ApiModel):
     admitted_at: str | None = Field(default=None, description="When the gang was last admitted.")
     pending_since: str | None = Field(default=None, description="When the job last started waiting for GPUs.")
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
+    eviction_history: list[EvictionRecord] = Field(
+        default_factory=list, description="The last evictions (at most 10), newest last."
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Admitted, Running, Preempted...")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

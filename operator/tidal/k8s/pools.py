@@ -1,0 +1,217 @@
+"""InferencePool lifecycle: each replica is a small gang (tp*ep GPUs in one supernode).
+
+Scale-down removes whole replicas, least disruptive first (not-ready replicas, then the newest).
+Scale-up is decided by the rebalancer (rebalancing.py), which may take GPUs from training.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from pydantic import ValidationError
+
+from tidal.k8s import labels
+from tidal.k8s.cycle import Cycle
+from tidal.k8s.manifests import owner_reference, pinned_pod
+from tidal.k8s.state import PodView, ResourceView
+from tidal.k8s.status import set_condition
+from tidal.model import InferencePoolSpec, describe_errors
+
+LOAD_ANNOTATION = "tidal.dev/load-rps"
+PROMETHEUS_TIMEOUT_SECONDS = 2.0
+
+
+def replica_pod_name(pool: str, replica: int, index: int) -> str:
+    return f"{pool}-{replica}-{index}"
+
+
+def pool_allocations(view: ResourceView, status: dict[str, Any]) -> list[tuple[str, int]]:
+    gpp = view.spec.get("gpusPerPod", 1)
+    return [(node, gpp) for replica in status.get("placement") or [] for node in replica["nodes"]]
+
+
+def spec_problem(view: ResourceView) -> str | None:
+    try:
+        InferencePoolSpec.model_validate(view.spec)
+    except ValidationError as e:
+        return "; ".join(describe_errors(e))
+    if len(view.name) > 45:
+        return "metadata.name: must be at most 45 characters (replica pod names double as DNS labels)"
+    return None
+
+
+def read_load(view: ResourceView, query_prometheus=None) -> tuple[float | None, str | None]:
+    """(requests per second, error) from the pool's load source."""
+    load = view.spec.get("load")
+    if not load:
+        return None, None
+    if load.get("source", "Annotation") == "Annotation":
+        raw = view.annotations.get(LOAD_ANNOTATION)
+        if raw is None:
+            return None, None
+        try:
+            return max(float(raw), 0.0), None
+        except ValueError:
+            return None, f"annotation {LOAD_ANNOTATION}={raw!r} is not a number"
+    query = query_prometheus or prometheus_instant
+    try:
+        return query(load["prometheus"]["url"], load["prometheus"]["query"]), None
+    except Exception as e:  # a broken signal must not stop the cycle; the schedule floor still holds
+        return None, f"prometheus query failed: {e}"
+
+
+def prometheus_instant(url: str, query: str) -> float:
+    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(full, timeout=PROMETHEUS_TIMEOUT_SECONDS) as response:
+        body = json.load(response)
+    results = body["data"]["result"]
+    if not results:
+        raise ValueError("the query returned no sample")
+    return float(results[0]["value"][1])
+
+
+def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = view.spec
+    gpp = spec["gpusPerPod"]
+    world = spec.get("tp", 1) * spec.get("ep", 1)
+    owner = owner_reference("InferencePool", view.name, view.uid)
+    pods = {}
+    for i, node in enumerate(replica["nodes"]):
+        name = replica_pod_name(view.name, replica["group"], i)
+        pods[name] = pinned_pod(
+            spec.get("template") or {},
+            name=name,
+            namespace=view.namespace or "default",
+            node=node,
+            accelerator=spec.get("accelerator", "nvidia.com/gpu"),
+            gpus=gpp,
+            pod_labels={
+                labels.POOL: view.name,
+                labels.REPLICA: str(replica["group"]),
+                labels.HBD_GROUP: str(replica["group"]),
+            },
+            owner=owner,
+            env={
+                "TIDAL_POOL": view.name,
+                "TIDAL_REPLICA": str(replica["group"]),
+                "RANK": str(i * gpp),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(gpp),
+            },
+        )
+    return pods
+
+
+def _node_of(pod: dict[str, Any]) -> str:
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+
+
+def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desired: int) -> dict[str, Any]:
+    """Keep the placed replicas' pods, drop broken replicas, scale down to `desired`."""
+    status = dict(status)
+    pods = {p.name: p for p in cyc.state.pods_of("InferencePool", view.namespace, view.name)}
+    replicas = sorted(status.get("placement") or [], key=lambda r: r["group"])
+    gpp = view.spec["gpusPerPod"]
+    expected_by_replica = {r["group"]: replica_pods(view, r) for r in replicas}
+
+    def ready(r: dict[str, Any]) -> bool:
+        expected = expected_by_replica[r["group"]]
+        return all(
+            n in pods and pods[n].phase == "Running" and pods[n].node == _node_of(p) for n, p in expected.items()
+        )
+
+    def broken(r: dict[str, Any]) -> bool:
+        for i, node in enumerate(r["nodes"]):
+            nv = cyc.state.nodes.get(node)
+            pod = pods.get(replica_pod_name(view.name, r["group"], i))
+            if nv is None or not nv.ready:
+                return True
+            if pod is not None and pod.phase == "Failed" and pod.uid not in cyc.deleted_uids:
+                return True
+        return False
+
+    keep = [r for r in replicas if not broken(r)]
+    if len(keep) < len(replicas):
+        cyc.count("restarts", len(replicas) - len(keep))
+    if len(keep) > desired:
+        # Least disruptive first: replicas not serving yet, then the newest.
+        order = sorted(keep, key=lambda r: (ready(r), -r["group"]))
+        drop = order[: len(keep) - desired]
+        keep = [r for r in keep if r not in drop]
+        cyc.count("moves:to-training:scale-down", len(drop))
+        status["scaledAt"] = cyc.stamp
+    kept_ids = {r["group"] for r in keep}
+    for r in replicas:
+        if r["group"] not in kept_ids:
+            for node in r["nodes"]:
+                cyc.snapshot.release(node, gpp)
+
+    expected: dict[str, dict[str, Any]] = {}
+    for r in keep:
+        expected.update(expected_by_replica[r["group"]])
+    _sync_pods(cyc, view, keep, pods, expected)
+    status["placement"] = keep
+    status["placedReplicas"] = len(keep)
+    status["readyReplicas"] = sum(1 for r in keep if ready(r))
+    return status
+
+
+def _sync_pods(
+    cyc: Cycle,
+    view: ResourceView,
+    replicas: list[dict[str, Any]],
+    pods: dict[str, PodView],
+    expected: dict[str, dict[str, Any]],
+) -> None:
+    for name, pod in pods.items():
+        stale = name not in expected or pod.node != _node_of(expected[name])
+        if stale and not pod.terminating and pod.uid not in cyc.deleted_uids:
+            node = cyc.state.nodes.get(pod.node or "")
+            cyc.delete_pod(pod, 0 if node is None or not node.ready else None)
+    for r in replicas:
+        names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
+        missing = [n for n in names if n not in pods]
+        for n in missing:
+            cyc.pod_creates.append(expected[n])
+        whole = not missing and all(not pods[n].terminating and pods[n].node == _node_of(expected[n]) for n in names)
+        if whole:
+            for n in names:
+                if pods[n].gated:
+                    cyc.ungates.append((view.namespace or "default", n, [labels.GANG_GATE]))
+
+
+def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups: list[Any]) -> dict[str, Any]:
+    """Record newly placed replicas (GroupAssignments) with fresh replica ids, and create their pods."""
+    placement = list(status.get("placement") or [])
+    used = {r["group"] for r in placement}
+    next_id = 0
+    for g in groups:
+        while next_id in used:
+            next_id += 1
+        replica = {"group": next_id, "supernode": g.supernode, "nodes": list(g.nodes)}
+        placement.append(replica)
+        cyc.pod_creates.extend(replica_pods(view, replica).values())
+        used.add(next_id)
+    return {
+        **status,
+        "placement": sorted(placement, key=lambda r: r["group"]),
+        "placedReplicas": len(placement),
+        "scaledAt": cyc.stamp,
+    }
+
+
+def pool_conditions(status: dict[str, Any], stamp: str) -> list[dict[str, Any]]:
+    desired, placed = status.get("desiredReplicas", 0), status.get("placedReplicas", 0)
+    ok = placed >= desired
+    return set_condition(
+        status.get("conditions", []),
+        "Scaled",
+        ok,
+        "AtDesired" if ok else "BelowDesired",
+        f"{placed} of {desired} replica(s) placed",
+        stamp,
+    )

@@ -1,0 +1,193 @@
+"""The tide: pools get the replicas their schedule and load ask for, taking GPUs from training
+(free first, then elastic shrink, then suspension, checkpoint-first, within the disruption
+budget); when pools shrink, suspended training is re-admitted and elastic jobs grow back."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tidal.clock import parse_time
+from tidal.k8s.admission import _reserve, _without_evicting, running_gangs
+from tidal.k8s.cycle import Cycle
+from tidal.k8s.manifests import GangShape
+from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
+from tidal.k8s.state import ResourceView
+from tidal.k8s.training import holds_gpus, shape_of, start_eviction, summary_fields
+from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
+from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
+
+Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
+REBALANCED = "Rebalanced"
+
+
+@dataclass
+class RebalanceSettings:
+    disruption_budget_gpus_per_hour: int | None = None
+    """Most training GPUs the rebalancer may evict in any hour; None means no limit."""
+    expand_cooldown: dt.timedelta = dt.timedelta(minutes=10)
+    """An elastic job shrunk by the rebalancer is not grown back sooner than this."""
+
+
+def budget_used(cyc: Cycle, jobs: Statuses) -> int:
+    hour_ago = cyc.now - dt.timedelta(hours=1)
+    used = 0
+    for view, status in jobs.values():
+        for record in status.get("evictionHistory", []):
+            at = parse_time(record.get("at"))
+            if record.get("reason") == REBALANCED and at is not None and at > hour_ago:
+                used += int(record.get("gpus", 0))
+        eviction = status.get("eviction")
+        if eviction and eviction.get("reason") == REBALANCED and holds_gpus(status):
+            shape = shape_of(view, status)
+            replicas = eviction.get("replicas") or []
+            used += sum(
+                len(g["nodes"]) * shape.gpus_per_pod
+                for g in status["placement"]
+                if not replicas or shape.replica_of_group(g["group"]) in replicas
+            )
+    return used
+
+
+def rebalance_pools(
+    cyc: Cycle, pools: Statuses, jobs: Statuses, tracker: DemandTracker, settings: RebalanceSettings
+) -> bool:
+    """Reconcile every pool and grow those below desired. True if any pool still waits for GPUs."""
+    waiting = False
+    tracker.forget({view.uid for view, _ in pools.values()})
+    order = sorted(pools.values(), key=lambda item: (-int(item[0].spec.get("priority", 1000)), item[0].created))
+    for view, status in order:
+        if view.deleting:
+            continue
+        problem = spec_problem(view)
+        if problem:
+            new = {**status, "reason": problem}
+            pools[view.uid] = (view, new)
+            cyc.writer.write(view, new)
+            continue
+        rate, error = read_load(view)
+        raw, why = desired_replicas(view.spec, cyc.now, rate)
+        desired = tracker.stabilized(view.uid, cyc.now, raw)
+        if desired > raw:
+            why = f"holding {desired} for the scale-down stabilization window (now {raw}: {why})"
+        floor, _ = schedule_floor(view.spec.get("schedule"), view.spec.get("minReplicas", 0), cyc.now)
+        new = reconcile_pool(cyc, view, status, desired)
+        new.update(desiredReplicas=desired, floor=floor, reason=why)
+        if view.spec.get("load"):
+            new["load"] = {
+                k: v for k, v in {"currentRate": rate, "observedAt": cyc.stamp, "error": error}.items() if v is not None
+            }
+        need = desired - new["placedReplicas"]
+        if need > 0:
+            new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
+            waiting |= still_waiting
+        new["conditions"] = pool_conditions(new, cyc.stamp)
+        pools[view.uid] = (view, new)
+        cyc.writer.write(view, new)
+    return waiting
+
+
+def _request(view: ResourceView, replicas: int) -> GangRequest:
+    spec = view.spec
+    return GangRequest(
+        view.ref,
+        groups=replicas,
+        group_gpus=spec.get("tp", 1) * spec.get("ep", 1),
+        gpus_per_pod=spec["gpusPerPod"],
+        accelerator=spec.get("accelerator", "nvidia.com/gpu"),
+        priority=int(spec.get("priority", 1000)),
+    )
+
+
+def _grow(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], need: int, jobs: Statuses, settings: RebalanceSettings
+) -> tuple[dict[str, Any], bool]:
+    started = time.perf_counter()
+    free = plan_capacity(cyc.snapshot, _request(view, need), [], None)
+    cyc.placements_ms.append((time.perf_counter() - started) * 1000)
+    if free.placement is not None:
+        apply_plan(cyc.snapshot, free.placement)
+        status = add_replicas(cyc, view, status, list(free.placement.groups))
+        cyc.count("moves:to-inference:free", free.replicas)
+        cyc.event(view, "ScaledUp", f"placed {free.replicas} replica(s) on free GPUs: {status['reason']}")
+    remaining = need - free.replicas
+    if remaining <= 0:
+        return status, False
+    budget = settings.disruption_budget_gpus_per_hour
+    left = None if budget is None else max(budget - budget_used(cyc, jobs), 0)
+    scratch = _without_evicting(cyc, jobs)
+    plan = plan_capacity(scratch, _request(view, remaining), running_gangs(cyc, jobs), left)
+    by_uid = {v.uid: (v, s) for v, s in jobs.values()}
+    for eviction in plan.evictions:
+        victim, victim_status = by_uid[eviction.gang]
+        replicas = [] if eviction.whole else list(eviction.replicas)
+        new = start_eviction(
+            cyc, victim, victim_status, reason=REBALANCED, by=f"InferencePool {view.ref}", replicas=replicas
+        )
+        jobs[victim.uid] = (victim, new)
+        cyc.writer.write(victim, new)
+        cyc.count(f"moves:from-training:{'suspend' if eviction.whole else 'shrink'}")
+    if plan.placement is not None:
+        _reserve(cyc.snapshot, plan.placement)
+    in_flight = [
+        v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == f"InferencePool {view.ref}"
+    ]
+    if in_flight:
+        status["reason"] += (
+            f"; {remaining} replica(s) waiting for {len(in_flight)} training job(s) to checkpoint: "
+            f"{', '.join(sorted(in_flight))}"
+        )
+    else:
+        status["reason"] += f"; {remaining} replica(s) do not fit: {plan.reason}"
+    return status, True
+
+
+def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> None:
+    """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs."""
+    for view, status in sorted(jobs.values(), key=lambda i: (-int(i[0].spec.get("priority", 0)), i[0].created)):
+        if view.deleting or status.get("phase") != "Running" or status.get("eviction") or view.spec.get("suspend"):
+            continue
+        shape = shape_of(view, status)
+        target = view.spec.get("dp", 1)
+        if shape.dp >= target:
+            continue
+        last = max(
+            (parse_time(r.get("at")) for r in status.get("evictionHistory", []) if r.get("reason") == REBALANCED),
+            default=None,
+            key=lambda t: t or dt.datetime.min,
+        )
+        if last is not None and cyc.now - last < settings.expand_cooldown:
+            continue
+        for dp in range(target, shape.dp, -1):
+            bigger = GangShape.of(view.spec, dp)
+            groups = tuple(range(shape.groups, bigger.groups))
+            request = GangRequest(
+                view.ref,
+                groups=len(groups),
+                group_gpus=shape.group_gpus,
+                gpus_per_pod=shape.gpus_per_pod,
+                accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
+                priority=int(view.spec.get("priority", 0)),
+                group_ids=groups,
+            )
+            plan = plan_gang(cyc.snapshot, request)
+            if not isinstance(plan, PlacementPlan):
+                continue
+            apply_plan(cyc.snapshot, plan)
+            placement = [
+                *status["placement"],
+                *({"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups),
+            ]
+            new = {
+                **status,
+                **summary_fields(placement, bigger),
+                "phase": "Admitted",
+                "reason": f"expanding dp {shape.dp} -> {dp}",
+            }
+            cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on free GPUs")
+            cyc.count("moves:to-training:expand", dp - shape.dp)
+            jobs[view.uid] = (view, new)
+            cyc.writer.write(view, new)
+            break

@@ -1,0 +1,161 @@
+"""An in-memory stand-in for the API server, kube-scheduler and KWOK, for unit tests of the
+controller's decisions (the real thing is exercised by tests/cluster). It records every call in
+order, applies status patches and annotations, binds ungated pods at once and runs them."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from tidal.k8s import labels
+from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
+from tidal.topology.fleet import build_fleet
+
+_uids = itertools.count(1)
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+class FakeCluster:
+    def __init__(self, shape: str = "nvl72", supernodes: int = 4):
+        self.calls: list[tuple[str, Any]] = []
+        self.requests: Counter[str] = Counter()
+        self.nodes: dict[str, NodeView] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.objects: dict[tuple[str, str | None, str], ResourceView] = {}
+        for sn in build_fleet(shape, supernodes):
+            for n in sn.nodes:
+                self.nodes[n.name] = node_view(
+                    {
+                        "metadata": {"name": n.name, "labels": {labels.SUPERNODE: sn.name, labels.BLOCK: sn.block}},
+                        "status": {
+                            "allocatable": {n.accelerator: str(n.gpus)},
+                            "conditions": [{"type": "Ready", "status": "True"}],
+                        },
+                    }
+                )
+            self.add("Supernode", None, sn.name, {"accelerator": sn.shape.accelerator})
+
+    # -- objects -----------------------------------------------------------------------------
+    def add(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        spec: dict[str, Any],
+        annotations: dict[str, str] | None = None,
+    ) -> ResourceView:
+        view = ResourceView(
+            kind,
+            namespace,
+            name,
+            f"uid-{next(_uids)}",
+            1,
+            f"2026-01-01T00:00:{len(self.objects):02d}Z",
+            spec,
+            {},
+            dict(annotations or {}),
+            "1",
+            False,
+        )
+        self.objects[(kind, namespace, name)] = view
+        return view
+
+    def get(self, kind: str, namespace: str | None, name: str) -> ResourceView:
+        return self.objects[(kind, namespace, name)]
+
+    def state(self) -> ClusterState:
+        by_kind: dict[str, dict] = {"Supernode": {}, "TrainingJob": {}, "InferencePool": {}}
+        for (kind, ns, name), view in self.objects.items():
+            by_kind[kind][name if kind == "Supernode" else (ns, name)] = view
+        return ClusterState(
+            nodes=dict(self.nodes),
+            pods={key: pod_view(body) for key, body in self.pods.items()},
+            supernodes=by_kind["Supernode"],
+            jobs=by_kind["TrainingJob"],
+            pools=by_kind["InferencePool"],
+        )
+
+    def pods_of(self, owner_label: str, name: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods.values() if p["metadata"]["labels"].get(owner_label) == name]
+
+    # -- the Api surface the controller uses --------------------------------------------------
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+    def _log(self, verb: str, detail: Any) -> None:
+        self.requests[verb] += 1
+        self.calls.append((verb, detail))
+
+    def parallel(self, fn, items):
+        return [fn(i) for i in items]
+
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        self._log("create_pod", body["metadata"]["name"])
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if key in self.pods:
+            return False
+        body = {**body, "metadata": {**body["metadata"], "uid": f"pod-{next(_uids)}"}, "status": {"phase": "Pending"}}
+        self.pods[key] = body
+        return True
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        self._log("delete_pod", name)
+        self.pods.pop((namespace, name), None)
+
+    def remove_gate(self, namespace: str, name: str, gate: str, gates: list[str]) -> None:
+        self._log("ungate_pod", name)
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return
+        spec = dict(pod["spec"])
+        spec["schedulingGates"] = []
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        spec["nodeName"] = terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+        self.pods[(namespace, name)] = {**pod, "spec": spec, "status": {"phase": "Running"}}
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._log("annotate_pod", (name, annotations))
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            meta = pod["metadata"]
+            pod["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
+
+    def ensure_service(self, body: dict[str, Any]) -> None:
+        self._log("create_service", body["metadata"]["name"])
+
+    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
+        self._log("patch_status", (kind, name))
+        key = (kind, namespace, name)
+        if key not in self.objects:
+            return False
+        view = self.objects[key]
+        self.objects[key] = replace(view, status=_merge(view.status, status))
+        return True
+
+    def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str | None]) -> None:
+        self._log("annotate", (kind, name, annotations))
+        key = (kind, namespace, name)
+        if key in self.objects:
+            view = self.objects[key]
+            self.objects[key] = replace(view, annotations=_merge(view.annotations, annotations))
+
+    def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
+        self._log("create_supernode", name)
+        return False
+
+    def event(self, kind, namespace, name, uid, reason, message, warning=False) -> None:
+        self._log("event", (name, reason, message))

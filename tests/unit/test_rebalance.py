@@ -1,0 +1,258 @@
+import datetime as dt
+from collections import Counter
+
+from tidal.clock import FixedClock
+from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.rebalancing import RebalanceSettings
+from tidal.placement import GangRequest, PlacementPlan, RunningGang, apply_plan, plan_gang
+from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
+from tidal.topology import build_fleet, snapshot_from_fleet
+
+from .fake_cluster import FakeCluster
+
+UTC = dt.UTC
+DAY = {"timezone": "Asia/Shanghai", "windows": [{"start": "08:00", "end": "23:00", "minReplicas": 40}]}
+
+
+def at(hhmm: str, tz: str = "UTC") -> dt.datetime:
+    from zoneinfo import ZoneInfo
+
+    h, m = map(int, hhmm.split(":"))
+    return dt.datetime(2026, 5, 1, h, m, tzinfo=ZoneInfo(tz)).astimezone(UTC)
+
+
+def test_schedule_floor_follows_local_time_and_wraps_midnight():
+    assert schedule_floor(DAY, 8, at("07:59", "Asia/Shanghai"))[0] == 8
+    assert schedule_floor(DAY, 8, at("08:00", "Asia/Shanghai"))[0] == 40
+    assert schedule_floor(DAY, 8, at("22:59", "Asia/Shanghai"))[0] == 40
+    assert schedule_floor(DAY, 8, at("23:00", "Asia/Shanghai"))[0] == 8
+    night = {"timezone": "UTC", "windows": [{"start": "22:00", "end": "06:00", "minReplicas": 3}]}
+    assert [schedule_floor(night, 1, at(t))[0] for t in ("21:59", "22:00", "03:00", "05:59", "06:00")] == [
+        1,
+        3,
+        3,
+        3,
+        1,
+    ]
+
+
+def test_desired_is_the_larger_of_schedule_and_load_within_bounds():
+    spec = {"minReplicas": 2, "maxReplicas": 50, "schedule": DAY, "load": {"targetPerReplica": 10}}
+    night, day = at("03:00", "Asia/Shanghai"), at("12:00", "Asia/Shanghai")
+    assert desired_replicas(spec, night, None)[0] == 2
+    assert desired_replicas(spec, night, 95)[0] == 10
+    assert desired_replicas(spec, day, 95)[0] == 40
+    assert desired_replicas(spec, day, 1000) == (50, "load 1000 req/s / 10 per replica (bounded to 50)")
+
+
+def test_stabilization_window_stops_flapping_on_a_noisy_signal():
+    tracker = DemandTracker(window=dt.timedelta(minutes=5))
+    start = at("12:00")
+    desired = []
+    for minute in range(60):
+        noisy = 10 if minute % 2 else 4  # load swings every minute
+        desired.append(tracker.stabilized("pool", start + dt.timedelta(minutes=minute), noisy))
+    changes = sum(1 for a, b in zip(desired, desired[1:], strict=False) if a != b)
+    assert changes == 1, desired  # one rise to 10, then it holds
+    for minute in range(60, 70):  # the load really falls: it scales down once, after the window
+        desired.append(tracker.stabilized("pool", start + dt.timedelta(minutes=minute), 4))
+    assert desired[63] == 10 and desired[64:] == [4] * 6, "down exactly one window after the last peak"
+
+
+def racks(n: int):
+    return snapshot_from_fleet(build_fleet("nvl72", n, nodes_per_supernode=4))  # 16 GPUs per rack
+
+
+def place(snapshot, name: str, replicas: int, priority: int, min_replicas=None, preemptible=True) -> RunningGang:
+    plan = plan_gang(snapshot, GangRequest(name, groups=replicas, group_gpus=16, gpus_per_pod=4))
+    assert isinstance(plan, PlacementPlan)
+    apply_plan(snapshot, plan)
+    per = [tuple(Counter(g.nodes).items()) for g in plan.groups]
+    return RunningGang(name, priority, preemptible, tuple(tuple((n, c * 4) for n, c in r) for r in per), min_replicas)
+
+
+def test_free_gpus_first():
+    snap = racks(3)
+    job = place(snap, "job", 2, priority=0, min_replicas=1)
+    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), [job], None)
+    assert plan.replicas == 1 and plan.evictions == () and plan.reason == "free GPUs"
+
+
+def test_shrinks_elastic_training_before_suspending_anyone():
+    snap = racks(3)
+    elastic = place(snap, "elastic", 2, priority=5, min_replicas=1)
+    rigid = place(snap, "rigid", 1, priority=0)
+    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), [elastic, rigid], None)
+    assert [(e.gang, e.replicas, e.whole) for e in plan.evictions] == [("elastic", (1,), False)]
+    assert plan.reason == "shrink elastic training"
+
+
+def test_never_below_min_dp_then_lowest_priority_is_suspended():
+    snap = racks(3)
+    elastic = place(snap, "elastic", 2, priority=5, min_replicas=1)
+    low = place(snap, "low", 1, priority=0)
+    plan = plan_capacity(snap, GangRequest("pool", 2, 16, 4, priority=1000), [elastic, low], None)
+    evicted = {e.gang: e for e in plan.evictions}
+    assert plan.replicas == 2
+    assert evicted["elastic"].replicas == (1,) and not evicted["elastic"].whole, "elastic keeps minDP=1"
+    assert evicted["low"].whole
+    assert plan.reason == "suspend training of priority <= 0"
+
+
+def test_disruption_budget_limits_what_is_taken():
+    snap = racks(4)
+    jobs = [place(snap, f"job{i}", 1, priority=i) for i in range(4)]
+    plan = plan_capacity(snap, GangRequest("pool", 3, 16, 4, priority=1000), jobs, budget_gpus=32)
+    assert plan.replicas == 2 and plan.evicted_gpus == 32
+    assert sorted(e.gang for e in plan.evictions) == ["job0", "job1"]
+    none = plan_capacity(snap, GangRequest("pool", 3, 16, 4, priority=1000), jobs, budget_gpus=0)
+    assert none.replicas == 0 and none.evictions == () and "disruption budget" in none.reason
+
+
+# -- the operator's decisions over a compressed day, on an in-memory cluster ---------------------
+
+TEMPLATE = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+
+def day_cluster():
+    cluster = FakeCluster("nvl72", 4)  # 4 racks x 72 GPUs
+    cluster.add(
+        "TrainingJob",
+        "ml",
+        "pretrain",
+        {
+            "tp": 4,
+            "ep": 16,
+            "pp": 1,
+            "dp": 4,
+            "gpusPerPod": 4,
+            "priority": 1,
+            "preemptible": True,
+            "elastic": {"minDP": 1, "maxDP": 4},
+            "checkpoint": {"gracePeriodSeconds": 600},
+            "template": TEMPLATE,
+        },
+    )
+    cluster.add(
+        "InferencePool",
+        "serve",
+        "chat",
+        {
+            "minReplicas": 0,
+            "maxReplicas": 16,
+            "tp": 8,
+            "gpusPerPod": 4,
+            "priority": 1000,
+            "template": TEMPLATE,
+            "schedule": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "23:00", "minReplicas": 12}]},
+        },
+    )
+    return cluster
+
+
+def run(cluster: FakeCluster, controller: Controller, cycles: int = 3) -> None:
+    for _ in range(cycles):
+        controller._last_start = 0.0
+        controller.cycle(cluster.state())
+
+
+def check_sound(cluster: FakeCluster) -> None:
+    used: Counter[str] = Counter()
+    groups: dict[tuple[str, str], set[str]] = {}
+    for pod in cluster.pods.values():
+        node = pod["spec"].get("nodeName")
+        if node:
+            used[node] += int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
+            owner = pod["metadata"]["labels"].get("tidal.dev/job") or pod["metadata"]["labels"]["tidal.dev/pool"]
+            groups.setdefault((owner, pod["metadata"]["labels"]["tidal.dev/hbd-group"]), set()).add(node[:10])
+    assert all(g <= 4 for g in used.values()), "over-booked"
+    assert all(len(s) == 1 for s in groups.values()), "HBD group split"
+
+
+def test_compressed_day_checkpoint_before_eviction_and_back_at_night():
+    cluster = day_cluster()
+    clock = FixedClock(at("06:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    run(cluster, controller)
+    job = lambda: cluster.get("TrainingJob", "ml", "pretrain").status  # noqa: E731
+    pool = lambda: cluster.get("InferencePool", "serve", "chat").status  # noqa: E731
+    assert job()["phase"] == "Running" and job()["currentDP"] == 4
+    assert pool()["placedReplicas"] == 0
+
+    clock.at = at("08:00")
+    cluster.calls.clear()
+    run(cluster, controller)
+    # 4 replicas fit in the free 8 GPUs of each rack; the other 8 need one DP replica of training.
+    assert pool()["desiredReplicas"] == 12 and pool()["placedReplicas"] == 4
+    assert job()["eviction"]["replicas"] == [3] and job()["eviction"]["reason"] == "Rebalanced"
+    verbs = [v for v, _ in cluster.calls]
+    assert "annotate" in verbs
+    assert not [d for v, d in cluster.calls if v == "delete_pod" and d.startswith("pretrain-")], (
+        "no training pod deleted before the checkpoint"
+    )
+    assert all(
+        "tidal.dev/checkpoint-requested" in (p["metadata"].get("annotations") or {})
+        for p in cluster.pods_of("tidal.dev/job", "pretrain")
+    )
+
+    clock.advance(minutes=5)  # still inside the grace period, no checkpoint-done yet
+    run(cluster, controller)
+    assert len(cluster.pods_of("tidal.dev/job", "pretrain")) == 64
+
+    requested = job()["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
+    cluster.calls.clear()
+    run(cluster, controller, cycles=3)
+    deleted = [d for v, d in cluster.calls if v == "delete_pod"]
+    assert sorted(deleted) == sorted(f"pretrain-{i}" for i in range(48, 64)), "only DP replica 3 goes"
+    assert job()["currentDP"] == 3 and job()["phase"] == "Running"
+    assert pool()["placedReplicas"] == 12 and pool()["readyReplicas"] == 12
+    assert job()["evictionHistory"][-1]["gpus"] == 64
+    check_sound(cluster)
+
+    clock.at = at("22:59")
+    run(cluster, controller)
+    for t in ("23:00", "23:03"):
+        clock.at = at(t)
+        run(cluster, controller)
+        assert pool()["placedReplicas"] == 12, f"{t}: scale-down waits for the stabilization window"
+    clock.at = at("23:05")
+    run(cluster, controller, cycles=4)
+    assert pool()["placedReplicas"] == 0 and not cluster.pods_of("tidal.dev/pool", "chat")
+    assert job()["currentDP"] == 4 and job()["phase"] == "Running", "training grows back at night"
+    assert len(cluster.pods_of("tidal.dev/job", "pretrain")) == 64
+    check_sound(cluster)
+
+
+def test_disruption_budget_is_respected_by_the_operator():
+    cluster = day_cluster()
+    clock = FixedClock(at("06:00"))
+    controller = Controller(
+        cluster, clock, ControllerSettings(rebalance=RebalanceSettings(disruption_budget_gpus_per_hour=32))
+    )
+    run(cluster, controller)
+    clock.at = at("08:00")
+    run(cluster, controller, cycles=3)
+    status = cluster.get("InferencePool", "serve", "chat").status
+    assert status["placedReplicas"] == 4
+    assert "disruption budget" in status["reason"]
+    assert "eviction" not in cluster.get("TrainingJob", "ml", "pretrain").status
+
+
+def test_no_flapping_through_a_noisy_hour():
+    cluster = day_cluster()
+    pool = cluster.get("InferencePool", "serve", "chat")
+    cluster.objects[("InferencePool", "serve", "chat")] = pool.__class__(
+        **{**pool.__dict__, "spec": {**pool.spec, "schedule": None, "load": {"targetPerReplica": 1}}}
+    )
+    clock = FixedClock(at("12:00"))
+    controller = Controller(cluster, clock)
+    placed = []
+    for minute in range(40):
+        rate = "6" if minute % 2 else "2"
+        cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": rate})
+        run(cluster, controller, cycles=1)
+        placed.append(cluster.get("InferencePool", "serve", "chat").status["placedReplicas"])
+        clock.advance(minutes=1)
+    changes = sum(1 for a, b in zip(placed, placed[1:], strict=False) if a != b)
+    assert changes <= 1, placed
