@@ -1,5 +1,7 @@
 import datetime as dt
 from collections import Counter
+from itertools import pairwise
+from zoneinfo import ZoneInfo
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
@@ -15,8 +17,6 @@ DAY = {"timezone": "Asia/Shanghai", "windows": [{"start": "08:00", "end": "23:00
 
 
 def at(hhmm: str, tz: str = "UTC") -> dt.datetime:
-    from zoneinfo import ZoneInfo
-
     h, m = map(int, hhmm.split(":"))
     return dt.datetime(2026, 5, 1, h, m, tzinfo=ZoneInfo(tz)).astimezone(UTC)
 
@@ -52,7 +52,7 @@ def test_stabilization_window_stops_flapping_on_a_noisy_signal():
     for minute in range(60):
         noisy = 10 if minute % 2 else 4  # load swings every minute
         desired.append(tracker.stabilized("pool", start + dt.timedelta(minutes=minute), noisy))
-    changes = sum(1 for a, b in zip(desired, desired[1:], strict=False) if a != b)
+    changes = sum(1 for a, b in pairwise(desired) if a != b)
     assert changes == 1, desired  # one rise to 10, then it holds
     for minute in range(60, 70):  # the load really falls: it scales down once, after the window
         desired.append(tracker.stabilized("pool", start + dt.timedelta(minutes=minute), 4))
@@ -254,5 +254,5 @@ def test_no_flapping_through_a_noisy_hour():
         run(cluster, controller, cycles=1)
         placed.append(cluster.get("InferencePool", "serve", "chat").status["placedReplicas"])
         clock.advance(minutes=1)
-    changes = sum(1 for a, b in zip(placed, placed[1:], strict=False) if a != b)
+    changes = sum(1 for a, b in pairwise(placed) if a != b)
     assert changes <= 1, placed
