@@ -145,8 +145,13 @@ class Metrics:
         self._hbd_violations(state, cyc.members)
 
     def _gpus_by_class(self, report: CycleReport, snapshot: Any) -> dict[str, int]:
-        training = sum(g for view, status in report.statuses.values() for _, g in allocations(view, status))
-        inference = sum(g for view, status in report.pools.values() for _, g in pool_allocations(view, status))
+        # The same bookkeeping as the snapshot: a workload being deleted no longer holds GPUs.
+        training = sum(
+            g for view, status in report.statuses.values() if not view.deleting for _, g in allocations(view, status)
+        )
+        inference = sum(
+            g for view, status in report.pools.values() if not view.deleting for _, g in pool_allocations(view, status)
+        )
         allocated = snapshot.allocated_gpus()
         usable = sum(n.gpus for n in snapshot.nodes.values() if n.usable)
         failed = sum(n.gpus for n in snapshot.nodes.values() if not n.usable)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from .kube import E2E, REPO, Kube, bin_dir, eventually
-from .operator_process import OperatorProcess
+from .operator_process import OperatorProcess, free_port
 
 CLUSTER_NAME = os.environ.get("TIDAL_CLUSTER_NAME", "tidal-test")
 
@@ -50,9 +50,16 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> OperatorProcess:
     """tidal run, discovering Supernodes from the tidal.dev/supernode node label."""
+    metrics_port = free_port()
     op = OperatorProcess(
-        kube.kubeconfig, tmp_path_factory.mktemp("operator"), "--discover-supernodes", "tidal.dev/supernode"
+        kube.kubeconfig,
+        tmp_path_factory.mktemp("operator"),
+        "--discover-supernodes",
+        "tidal.dev/supernode",
+        "--metrics-port",
+        str(metrics_port),
     )
+    op.metrics_port = metrics_port
     op.start()
     eventually(lambda: len(kube.get("supernodes")["items"]) >= 8, timeout=60, what="8 discovered Supernodes")
     yield op

@@ -27,6 +27,7 @@ class OperatorProcess:
         self.starts = 0
         self.health_port = free_port()
         self.clock_file = workdir / "clock"
+        self.metrics_port: int | None = None
 
     @property
     def log_path(self) -> Path:

@@ -60,7 +60,8 @@ def assert_gangs_sound(kube: Kube) -> None:
     capacity = {n["metadata"]["name"]: int(n["status"]["allocatable"][GPU]) for n in kube.get("nodes")["items"]}
     over = {n: g for n, g in per_node.items() if g > capacity.get(n, 0)}
     assert not over, f"over-booked nodes: {over}"
-    jobs = {(j["metadata"]["namespace"], j["metadata"]["uid"]) for j in kube.get("trainingjobs", "-A")["items"]}
+    owners = [*kube.get("trainingjobs", "-A")["items"], *kube.get("inferencepools", "-A")["items"]]
+    jobs = {(j["metadata"]["namespace"], j["metadata"]["uid"]) for j in owners}
     orphans = [
         p["metadata"]["name"]
         for p in pods

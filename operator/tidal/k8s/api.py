@@ -9,10 +9,13 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import structlog
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tidal import API_GROUP, API_VERSION
+
+log = structlog.get_logger("tidal")
 
 PLURALS = {"TrainingJob": "trainingjobs", "InferencePool": "inferencepools", "Supernode": "supernodes"}
 
@@ -112,9 +115,16 @@ class Api:
                 self.custom.patch_cluster_custom_object_status(API_GROUP, API_VERSION, PLURALS[kind], name, body)
             return True
         except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
+            if e.status != 404:  # the next cycle retries the same write; never abort the cycle over it
+                log.warning(
+                    "status patch failed",
+                    kind=kind,
+                    namespace=namespace,
+                    name=name,
+                    status=e.status,
+                    reason=str(e.reason),
+                )
+            return False
 
     def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str | None]) -> None:
         self._count("annotate")

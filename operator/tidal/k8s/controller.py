@@ -61,7 +61,12 @@ class Controller:
             return None
         try:
             self._last_start = time.monotonic()
-            report = self._cycle(state)
+            try:
+                report = self._cycle(state)
+            except Exception:
+                # Never let one bad cycle make kopf back off the timers: log it, try again next tick.
+                log.exception("cycle failed")
+                return None
             report.seconds = time.monotonic() - self._last_start
             self.last_report = report
             self.cycles += 1
@@ -70,6 +75,16 @@ class Controller:
             return report
         finally:
             self._lock.release()
+
+    @staticmethod
+    def _reconcile_job(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any] | None:
+        if holds_gpus(status):
+            return reconcile_placed(cyc, view, status)
+        if status.get("phase") == "Suspended" and not view.spec.get("suspend"):
+            return {**status, "phase": "Pending", "reason": "resumed", "pendingSince": cyc.stamp}
+        if status.get("phase", "Pending") in ("Pending", "") and view.spec.get("suspend"):
+            return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
+        return None
 
     def _cycle(self, state: ClusterState) -> CycleReport:
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
@@ -86,17 +101,24 @@ class Controller:
         live_pods = {p.uid for p in state.pods.values()}
         self.deleted_uids &= live_pods  # forget pods that are gone for good
         cyc = Cycle(state, members, snapshot, self.api, self.writer, self.clock.now(), deleted_uids=self.deleted_uids)
+        log.debug(
+            "cycle",
+            nodes=len(state.nodes),
+            pods=len(state.pods),
+            supernodes=len(state.supernodes),
+            jobs=len(statuses),
+            pools=len(pools),
+        )
 
         for uid, (view, status) in sorted(statuses.items(), key=lambda kv: kv[1][0].key):
             if view.deleting:
                 continue
-            if holds_gpus(status):
-                new = reconcile_placed(cyc, view, status)
-            elif status.get("phase") == "Suspended" and not view.spec.get("suspend"):
-                new = {**status, "phase": "Pending", "reason": "resumed", "pendingSince": cyc.stamp}
-            elif status.get("phase", "Pending") in ("Pending", "") and view.spec.get("suspend"):
-                new = {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
-            else:
+            try:
+                new = self._reconcile_job(cyc, view, status)
+            except Exception:
+                log.exception("reconcile failed", namespace=view.namespace, name=view.name)
+                continue
+            if new is None:
                 continue
             statuses[uid] = (view, new)
             self.writer.write(view, new)

@@ -54,11 +54,26 @@ class Cycle:
         self.counters[key] = self.counters.get(key, 0) + n
 
     def flush_pods(self) -> None:
-        """Deletes first (they free names and GPUs), then creates, then gate removals."""
+        """Deletes first (they free names and GPUs), then creates, then gate removals.
+
+        A failed call (say, a namespace being deleted) is logged and retried by the next cycle,
+        which will find the same difference between placement and pods; it never stops the rest.
+        """
         if self.pod_deletes:
-            self.api.parallel(lambda d: self.api.delete_pod(*d), self.pod_deletes)
+            self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
         if self.pod_creates:
-            self.api.parallel(self.api.create_pod, self.pod_creates)
+            self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
-            self.api.parallel(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2]), self.ungates)
+            self.api.parallel(_logged(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2])), self.ungates)
         self.pod_deletes, self.pod_creates, self.ungates = [], [], []
+
+
+def _logged(fn):
+    def call(item):
+        try:
+            return fn(item)
+        except Exception as e:  # one object's API error must not abort the cycle
+            log.warning("api call failed", call=getattr(fn, "__name__", "pod call"), error=str(e)[:300])
+            return None
+
+    return call

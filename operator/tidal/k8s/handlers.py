@@ -78,53 +78,38 @@ def _single(index: kopf.Index) -> dict[Any, Any]:
     return {key: value for key, store in index.items() for value in store}
 
 
-def state_from(
-    tidal_nodes: kopf.Index, tidal_pods: kopf.Index, tidal_supernodes: kopf.Index, tidal_jobs: kopf.Index
-) -> ClusterState:
+def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
     return ClusterState(
-        nodes=_single(tidal_nodes),
-        pods=_single(tidal_pods),
-        supernodes=_single(tidal_supernodes),
-        jobs=_single(tidal_jobs),
+        nodes=_single(indices["tidal_nodes"]),
+        pods=_single(indices["tidal_pods"]),
+        supernodes=_single(indices["tidal_supernodes"]),
+        jobs=_single(indices["tidal_jobs"]),
+        pools=_single(indices["tidal_pools"]),
     )
 
 
-async def _tick(memo: kopf.Memo, **indices: Any) -> None:
+async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
     if not controller.due():
         return
-    state = state_from(
-        indices["tidal_nodes"], indices["tidal_pods"], indices["tidal_supernodes"], indices["tidal_jobs"]
-    )
-    await asyncio.to_thread(controller.cycle, state)
+    indices = {k: v for k, v in kwargs.items() if k.startswith("tidal_")}
+    await asyncio.to_thread(controller.cycle, state_from(indices))
 
 
+# The same tick from every kind that may need the cycle: any of them existing keeps it running.
 @kopf.timer(API_GROUP, API_VERSION, "trainingjobs", interval=TICK_SECONDS)
-async def tick_jobs(
-    memo: kopf.Memo,
-    tidal_nodes: kopf.Index,
-    tidal_pods: kopf.Index,
-    tidal_supernodes: kopf.Index,
-    tidal_jobs: kopf.Index,
-    **_: Any,
-) -> None:
-    await _tick(
-        memo, tidal_nodes=tidal_nodes, tidal_pods=tidal_pods, tidal_supernodes=tidal_supernodes, tidal_jobs=tidal_jobs
-    )
+async def tick_jobs(memo: kopf.Memo, **kwargs: Any) -> None:
+    await _tick(memo, kwargs)
+
+
+@kopf.timer(API_GROUP, API_VERSION, "inferencepools", interval=TICK_SECONDS)
+async def tick_pools(memo: kopf.Memo, **kwargs: Any) -> None:
+    await _tick(memo, kwargs)
 
 
 @kopf.timer(API_GROUP, API_VERSION, "supernodes", interval=TICK_SECONDS)
-async def tick_supernodes(
-    memo: kopf.Memo,
-    tidal_nodes: kopf.Index,
-    tidal_pods: kopf.Index,
-    tidal_supernodes: kopf.Index,
-    tidal_jobs: kopf.Index,
-    **_: Any,
-) -> None:
-    await _tick(
-        memo, tidal_nodes=tidal_nodes, tidal_pods=tidal_pods, tidal_supernodes=tidal_supernodes, tidal_jobs=tidal_jobs
-    )
+async def tick_supernodes(memo: kopf.Memo, **kwargs: Any) -> None:
+    await _tick(memo, kwargs)
 
 
 @kopf.on.event("", "v1", "nodes")
