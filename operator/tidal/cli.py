@@ -10,17 +10,20 @@ from pathlib import Path
 def _cmd_crds(args: argparse.Namespace) -> int:
     from tidal.model.crd import render_crds, write_crds
 
+    targets = [args.out, *([Path(args.chart_crds)] if args.chart_crds else [])]
     if args.check:
         drifted = [
-            name
+            directory / name
+            for directory in targets
             for name, text in render_crds().items()
-            if not (args.out / name).exists() or (args.out / name).read_text() != text
+            if not (directory / name).exists() or (directory / name).read_text() != text
         ]
-        for name in drifted:
-            print(f"{args.out / name}: differs from the models; run `tidal crds`", file=sys.stderr)
+        for path in drifted:
+            print(f"{path}: differs from the models; run `tidal crds`", file=sys.stderr)
         return 1 if drifted else 0
-    for path in write_crds(args.out):
-        print(path)
+    for directory in targets:
+        for path in write_crds(directory):
+            print(path)
     return 0
 
 
@@ -61,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     crds = sub.add_parser("crds", help="write the CRDs generated from the models")
     crds.add_argument("--out", type=Path, default=Path("crds"), help="directory (default: crds)")
+    crds.add_argument("--chart-crds", default="charts/tidal/crds",
+                      help="the Helm chart's copy (default: charts/tidal/crds; '' to skip)")
     crds.add_argument("--check", action="store_true", help="exit 1 if the files differ from the models")
     crds.set_defaults(func=_cmd_crds)
 

@@ -16,12 +16,18 @@ def test_crds_directory_matches_the_models_byte_for_byte():
         assert on_disk[name] == text, f"crds/{name} drifted from the models; run `tidal crds`"
 
 
+def test_chart_crds_match_the_models_byte_for_byte():
+    chart = {p.name: p.read_text() for p in (CRD_DIR.parent / "charts" / "tidal" / "crds").glob("*.yaml")}
+    assert chart == render_crds(), "run `tidal crds` to regenerate charts/tidal/crds/"
+
+
 def test_tidal_crds_check_detects_drift(tmp_path):
-    assert main(["crds", "--out", str(tmp_path)]) == 0
-    assert main(["crds", "--check", "--out", str(tmp_path)]) == 0
-    victim = next(tmp_path.glob("*trainingjobs.yaml"))
+    args = ["--out", str(tmp_path / "a"), "--chart-crds", str(tmp_path / "b")]
+    assert main(["crds", *args]) == 0
+    assert main(["crds", "--check", *args]) == 0
+    victim = next((tmp_path / "b").glob("*trainingjobs.yaml"))
     victim.write_text(victim.read_text().replace("Tensor-parallel", "Tensor parallel"))
-    assert main(["crds", "--check", "--out", str(tmp_path)]) == 1
+    assert main(["crds", "--check", *args]) == 1
 
 
 def _walk(node, path=""):

@@ -31,7 +31,7 @@ def _selects(selector: dict[str, str], node: NodeView) -> bool:
     return all(node.labels.get(k) == v for k, v in selector.items())
 
 
-def memberships(state: ClusterState) -> dict[str, Membership]:
+def memberships(state: ClusterState, default_label: str = labels.SUPERNODE) -> dict[str, Membership]:
     """Supernode -> members; a node claimed by two Supernodes belongs to the first by name."""
     claimed: set[str] = set()
     result: dict[str, Membership] = {}
@@ -40,7 +40,7 @@ def memberships(state: ClusterState) -> dict[str, Membership]:
         if sn.deleting:
             continue
         spec = sn.spec
-        selector = spec.get("nodeSelector") or {labels.SUPERNODE: name}
+        selector = spec.get("nodeSelector") or {default_label: name}
         members = tuple(sorted(n.name for n in state.nodes.values() if n.name not in claimed and _selects(selector, n)))
         claimed.update(members)
         topology = spec.get("topology") or {}

@@ -25,6 +25,8 @@ from tidal.rebalance import DemandTracker
 @dataclass
 class ControllerSettings:
     min_cycle_seconds: float = 0.5
+    supernode_label: str = "tidal.dev/supernode"
+    """Node label that selects a Supernode's members when its spec has no nodeSelector."""
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
 
 
@@ -94,7 +96,7 @@ class Controller:
             view.uid: (view, self.writer.effective(view)) for view in state.pools.values()
         }
         self.writer.forget({v.uid for v in (*state.jobs.values(), *state.supernodes.values(), *state.pools.values())})
-        members = memberships(state)
+        members = memberships(state, self.settings.supernode_label)
         held = [a for view, status in statuses.values() if not view.deleting for a in allocations(view, status)]
         held += [a for view, status in pools.values() if not view.deleting for a in pool_allocations(view, status)]
         snapshot = build_snapshot(state, members, held)

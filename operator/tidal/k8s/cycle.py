@@ -12,6 +12,7 @@ from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE
+from tidal.k8s.manifests import pinned_node
 from tidal.k8s.state import ClusterState, PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -47,8 +48,18 @@ class Cycle:
         self.api.event(view.kind, view.namespace, view.name, view.uid, reason, message, warning)
 
     def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
+        """Delete once; at once (grace 0) when its node is gone, as no kubelet will confirm."""
+        if pod.terminating or pod.uid in self.deleted_uids:
+            return
+        node = self.state.nodes.get(pod.node or "")
         self.deleted_uids.add(pod.uid)
-        self.pod_deletes.append((pod.namespace, pod.name, grace_seconds))
+        self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
+
+    def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, dict[str, Any]]) -> None:
+        """Pods not in `expected`, or pinned elsewhere than expected (their group moved)."""
+        for name, pod in pods.items():
+            if name not in expected or pod.node != pinned_node(expected[name]):
+                self.delete_pod(pod)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n

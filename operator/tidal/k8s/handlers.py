@@ -118,6 +118,8 @@ async def discover_supernode(memo: kopf.Memo, body: kopf.Body, tidal_supernodes:
     if not label:
         return
     node = node_view(dict(body))
-    created = await asyncio.to_thread(discover, memo.controller.api, label, node, set(tidal_supernodes))
+    created = await asyncio.to_thread(
+        discover, memo.controller.api, label, node, set(tidal_supernodes), memo.accelerators
+    )
     if created:
         kopf.info(dict(body), reason="SupernodeDiscovered", message=f"created Supernode {created} from {label}")

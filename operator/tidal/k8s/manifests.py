@@ -130,6 +130,12 @@ def pinned_pod(
     }
 
 
+def pinned_node(pod: dict[str, Any]) -> str:
+    """The node a manifest made by pinned_pod is pinned to."""
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+
+
 def training_pods(
     job: str, namespace: str, uid: str, spec: dict[str, Any], shape: GangShape, group_nodes: dict[int, list[str]]
 ) -> dict[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle
-from tidal.k8s.manifests import owner_reference, pinned_pod
+from tidal.k8s.manifests import owner_reference, pinned_node, pinned_pod
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import set_condition
 from tidal.model import InferencePoolSpec, describe_errors
@@ -105,11 +105,6 @@ def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[
     return pods
 
 
-def _node_of(pod: dict[str, Any]) -> str:
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
-
-
 def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desired: int) -> dict[str, Any]:
     """Keep the placed replicas' pods, drop broken replicas, scale down to `desired`."""
     status = dict(status)
@@ -121,7 +116,7 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     def ready(r: dict[str, Any]) -> bool:
         expected = expected_by_replica[r["group"]]
         return all(
-            n in pods and pods[n].phase == "Running" and pods[n].node == _node_of(p) for n, p in expected.items()
+            n in pods and pods[n].phase == "Running" and pods[n].node == pinned_node(p) for n, p in expected.items()
         )
 
     def broken(r: dict[str, Any]) -> bool:
@@ -167,17 +162,13 @@ def _sync_pods(
     pods: dict[str, PodView],
     expected: dict[str, dict[str, Any]],
 ) -> None:
-    for name, pod in pods.items():
-        stale = name not in expected or pod.node != _node_of(expected[name])
-        if stale and not pod.terminating and pod.uid not in cyc.deleted_uids:
-            node = cyc.state.nodes.get(pod.node or "")
-            cyc.delete_pod(pod, 0 if node is None or not node.ready else None)
+    cyc.delete_stale_pods(pods, expected)
     for r in replicas:
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
         missing = [n for n in names if n not in pods]
         for n in missing:
             cyc.pod_creates.append(expected[n])
-        whole = not missing and all(not pods[n].terminating and pods[n].node == _node_of(expected[n]) for n in names)
+        whole = not missing and all(not pods[n].terminating and pods[n].node == pinned_node(expected[n]) for n in names)
         if whole:
             for n in names:
                 if pods[n].gated:

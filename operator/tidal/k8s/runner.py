@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import socket
 from pathlib import Path
 
 from tidal.clock import FileClock, SystemClock
@@ -24,24 +26,40 @@ def run(args: argparse.Namespace) -> int:
     api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
     rebalance = RebalanceSettings(disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour)
-    controller = Controller(api, clock, ControllerSettings(min_cycle_seconds=args.cycle_seconds, rebalance=rebalance))
+    settings = ControllerSettings(
+        min_cycle_seconds=args.cycle_seconds, rebalance=rebalance, supernode_label=args.supernode_label
+    )
+    controller = Controller(api, clock, settings)
     if args.metrics_port:
         from tidal.metrics import Metrics
 
         metrics = Metrics()
         metrics.serve(args.metrics_port)
         controller.listeners.append(metrics.observe)
-    memo = kopf.Memo(controller=controller, discover_label=args.discover_supernodes or None)
+    memo = kopf.Memo(
+        controller=controller,
+        discover_label=args.discover_supernodes or None,
+        accelerators=tuple(args.accelerator_resources.split(",")),
+    )
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
-        priority=args.priority,
+        priority=peering_priority(args.priority),
         peering_name=args.peering_name,
         standalone=args.standalone,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
         memo=memo,
     )
     return 0
+
+
+def peering_priority(value: str) -> int:
+    """A number, or "auto": a stable number from the pod's name, so that replicas of one Deployment
+    get different priorities (kopf freezes all replicas that share one)."""
+    if value != "auto":
+        return int(value)
+    name = os.environ.get("POD_NAME") or socket.gethostname()
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % 1_000_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="watch only these namespaces (repeatable); default: cluster-wide",
     )
-    parser.add_argument("--priority", type=int, default=0, help="kopf peering priority of this replica")
+    parser.add_argument("--priority", default="0", help="kopf peering priority of this replica, or 'auto'")
+    parser.add_argument(
+        "--supernode-label",
+        default="tidal.dev/supernode",
+        help="node label selecting a Supernode's members when it has no nodeSelector",
+    )
+    parser.add_argument(
+        "--accelerator-resources",
+        default="nvidia.com/gpu,huawei.com/Ascend910,amd.com/gpu",
+        help="extended resources that count as accelerators for discovery (comma-separated)",
+    )
     parser.add_argument("--peering-name", default="tidal", help="kopf peering object shared by the replicas")
     parser.add_argument("--standalone", action="store_true", help="run without peering (single replica only)")
     parser.add_argument("--health-port", type=int, default=8080, help="liveness endpoint /healthz; 0 disables")

@@ -60,14 +60,17 @@ def supernode_name(label_value: str) -> str:
     return name[:253] or "supernode"
 
 
-def accelerator_of(node: NodeView) -> str:
-    for resource in sorted(node.capacity):
-        if any(word in resource for word in ("gpu", "Ascend", "npu", "neuron")):
-            return resource
-    return "nvidia.com/gpu"
+DEFAULT_ACCELERATORS = ("nvidia.com/gpu", "huawei.com/Ascend910", "amd.com/gpu")
 
 
-def discover(api: Api, label: str, node: NodeView, known: set[str]) -> str | None:
+def accelerator_of(node: NodeView, accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS) -> str:
+    """The first of the known accelerator resources the node offers."""
+    return next((r for r in accelerators if node.capacity.get(r)), accelerators[0])
+
+
+def discover(
+    api: Api, label: str, node: NodeView, known: set[str], accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS
+) -> str | None:
     """Create the Supernode for a node's `label` value if none exists; returns its name if created."""
     value = node.labels.get(label)
     if not value:
@@ -75,7 +78,7 @@ def discover(api: Api, label: str, node: NodeView, known: set[str]) -> str | Non
     name = supernode_name(value)
     if name in known:
         return None
-    spec: dict[str, Any] = {"nodeSelector": {label: value}, "accelerator": accelerator_of(node)}
+    spec: dict[str, Any] = {"nodeSelector": {label: value}, "accelerator": accelerator_of(node, accelerators)}
     if node.labels.get(labels.BLOCK):
         spec["topology"] = {"block": node.labels[labels.BLOCK]}
     return name if api.create_supernode(name, spec) else None

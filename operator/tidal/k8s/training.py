@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.manifests import GangShape, headless_service, pod_name, training_pods
+from tidal.k8s.manifests import GangShape, headless_service, pinned_node, pod_name, training_pods
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.model import TrainingJobSpec, describe_errors
@@ -85,19 +85,14 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     if broken:
         return _restart(cyc, view, status, shape, broken, pods)
 
-    for name, pod in pods.items():
-        stale = name not in expected or pod.node != _node_of(expected[name])
-        if stale and not pod.terminating and pod.uid not in cyc.deleted_uids:
-            # Left over from a larger shape, or from a group that was re-placed elsewhere.
-            node = cyc.state.nodes.get(pod.node or "")
-            cyc.delete_pod(pod, 0 if node is None or not node.ready else None)
+    cyc.delete_stale_pods(pods, expected)  # left over from a larger shape, or a group re-placed elsewhere
     missing = [name for name in expected if name not in pods]
     for name in missing:
         cyc.pod_creates.append(expected[name])
     if missing and status.get("phase") == "Admitted" and len(missing) == len(expected):
         cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
     ready_to_release = not missing and all(
-        not pods[n].terminating and pods[n].node == _node_of(expected[n]) for n in expected
+        not pods[n].terminating and pods[n].node == pinned_node(expected[n]) for n in expected
     )
     if ready_to_release:
         for name in expected:
@@ -119,11 +114,6 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             status.get("conditions", []), "Running", True, "AllPodsRunning", status["reason"], cyc.stamp
         )
     return status
-
-
-def _node_of(pod: dict[str, Any]) -> str:
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    return terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
 
 
 def _broken_groups(
@@ -240,9 +230,8 @@ def _replace_groups(
     for g in groups:
         for i in range(shape.pods_per_group):
             name = pod_name(view.name, g * shape.pods_per_group + i)
-            if name in pods and not _gone(cyc, pods[name]):
-                lost = cyc.state.nodes.get(pods[name].node or "")
-                cyc.delete_pod(pods[name], 0 if lost is None or not lost.ready else None)
+            if name in pods:
+                cyc.delete_pod(pods[name])
     for group in plan.groups:
         placement[group.group] = {"group": group.group, "supernode": group.supernode, "nodes": list(group.nodes)}
     return {**status, **summary_fields(list(placement.values()), shape)}
@@ -266,9 +255,7 @@ def _release(
     for pod in pods.values():
         if replicas and (pod.group is None or shape.replica_of_group(pod.group) not in replicas):
             continue
-        if not _gone(cyc, pod):
-            node = cyc.state.nodes.get(pod.node or "")
-            cyc.delete_pod(pod, 0 if node is None or not node.ready else grace)
+        cyc.delete_pod(pod, grace)
 
 
 def _cleared(status: dict[str, Any]) -> dict[str, Any]:
