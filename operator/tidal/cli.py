@@ -44,6 +44,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from tidal.dashboard import render
+
+    text = render()
+    if args.check:
+        same = args.out.exists() and args.out.read_text() == text
+        if not same:
+            print(f"{args.out}: differs from tidal/dashboard.py; run `tidal dashboard`", file=sys.stderr)
+        return 0 if same else 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(args.out)
+    return 0
+
+
 def _cmd_placement(args: argparse.Namespace) -> int:
     from tidal.k8s.api import load_client
     from tidal.k8s.report import placement_table
@@ -64,10 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     crds = sub.add_parser("crds", help="write the CRDs generated from the models")
     crds.add_argument("--out", type=Path, default=Path("crds"), help="directory (default: crds)")
-    crds.add_argument("--chart-crds", default="charts/tidal/crds",
-                      help="the Helm chart's copy (default: charts/tidal/crds; '' to skip)")
+    crds.add_argument(
+        "--chart-crds",
+        default="charts/tidal/crds",
+        help="the Helm chart's copy (default: charts/tidal/crds; '' to skip)",
+    )
     crds.add_argument("--check", action="store_true", help="exit 1 if the files differ from the models")
     crds.set_defaults(func=_cmd_crds)
+
+    dashboard = sub.add_parser("dashboard", help="write the Grafana dashboard JSON generated from code")
+    dashboard.add_argument("--out", type=Path, default=Path("charts/tidal/files/tidal-dashboard.json"))
+    dashboard.add_argument("--check", action="store_true", help="exit 1 if the file differs")
+    dashboard.set_defaults(func=_cmd_dashboard)
 
     placement = sub.add_parser("placement", help="print where every HBD group landed, per supernode")
     placement.add_argument("--kubeconfig", type=Path, default=None)

@@ -19,6 +19,22 @@ if TYPE_CHECKING:
     from tidal.k8s.controller import Controller, CycleReport
     from tidal.k8s.state import ClusterState
 
+MOVES = (
+    ("to-inference", "free"),
+    ("from-training", "shrink"),
+    ("from-training", "suspend"),
+    ("to-training", "scale-down"),
+    ("to-training", "expand"),
+)
+PENDING_REASONS = (
+    "InsufficientFreeCapacity",
+    "WaitingForPreemption",
+    "LargerThanCluster",
+    "GroupLargerThanSupernodes",
+    "PodLargerThanNodes",
+    "NoMatchingSupernodes",
+    "InvalidSpec",
+)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
 
@@ -87,7 +103,16 @@ class Metrics:
             registry=r,
         )
         self.cycles = PromCounter("tidal_cycles_total", "Controller cycles run", registry=r)
+        self.pending_jobs = Gauge(
+            "tidal_pending_jobs", "Pending TrainingJobs by the reason they wait", ["reason"], registry=r
+        )
         self._violating: set[tuple[str, str, int]] = set()
+        # Every known series exists from the start, so dashboards and alerts see 0, not "no data".
+        for direction, reason in MOVES:
+            self.rebalance_moves.labels(direction=direction, reason=reason)
+        self.preemptions.labels(reason="priority")
+        for reason in PENDING_REASONS:
+            self.pending_jobs.labels(reason=reason)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
@@ -177,6 +202,13 @@ class Metrics:
         for _, status in report.pools.values():
             scaled = status.get("placedReplicas", 0) >= status.get("desiredReplicas", 0)
             counts[("InferencePool", "Scaled" if scaled else "BelowDesired")] += 1
+        pending: Counter[str] = Counter()
+        for _, status in report.statuses.values():
+            if (status.get("phase") or "Pending") == "Pending":
+                cond = next((c for c in status.get("conditions", []) if c.get("type") == "Schedulable"), None)
+                pending[(cond or {}).get("reason") or "Queued"] += 1
+        for reason in {*PENDING_REASONS, *pending}:
+            self.pending_jobs.labels(reason=reason).set(pending.get(reason, 0))
         self.jobs.clear()
         for (kind, phase), n in counts.items():
             self.jobs.labels(kind=kind, phase=phase).set(n)

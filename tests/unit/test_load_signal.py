@@ -52,8 +52,11 @@ def prometheus():
 
 def test_prometheus_instant_query(prometheus):
     url, queries = prometheus
-    load = {"targetPerReplica": 5, "source": "Prometheus",
-            "prometheus": {"url": url, "query": 'sum(rate(requests_total{pool="p"}[1m]))'}}
+    load = {
+        "targetPerReplica": 5,
+        "source": "Prometheus",
+        "prometheus": {"url": url, "query": 'sum(rate(requests_total{pool="p"}[1m]))'},
+    }
     assert read_load(pool(load)) == (17.25, None)
     assert queries == [("/api/v1/query", 'sum(rate(requests_total{pool="p"}[1m]))')]
     rate, error = read_load(pool({**load, "prometheus": {"url": url, "query": "empty"}}))
