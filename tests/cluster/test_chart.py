@@ -1,0 +1,236 @@
+"""The Helm chart, checked by the real helm, installed on the KWOK cluster; its RBAC proven
+sufficient (the operator runs the TrainingJob and InferencePool scenarios with the chart's
+ServiceAccount token) and not too wide (that identity cannot read Secrets); every dashboard
+panel's query run against a real Prometheus scraping that operator."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tidal.dashboard import queries
+
+from .kube import REPO, Kube, eventually
+from .operator_process import OperatorProcess, free_port
+from .test_operator import job, pods_of, submit, wait_phase
+from .test_tide import pool, pool_status
+
+CHART = REPO / "charts" / "tidal"
+RELEASE, NAMESPACE = "tidal-rel", "tidal-system"
+SERVICE_ACCOUNT = "tidal-rel"
+
+
+def helm(kube: Kube, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(kube.bin / "helm"), *args], capture_output=True, text=True, env=kube.env())
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)}: {result.stdout}{result.stderr}")
+    return result
+
+
+def test_helm_lint_and_template(kube: Kube):
+    assert "0 chart(s) failed" in helm(kube, "lint", str(CHART), "--strict").stdout
+    rendered = helm(
+        kube,
+        "template",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+    ).stdout
+    kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered) if d)
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterKopfPeering",
+            "Deployment",
+            "Service",
+            "ServiceMonitor",
+            "PrometheusRule",
+            "ConfigMap",
+        ]
+    )
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 2 and "--priority=auto" in container["args"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]
+    rule = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule")
+    assert [r["alert"] for r in rule["spec"]["groups"][0]["rules"]][0] == "TidalHBDViolation"
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.logLevel=LOUD", check=False)
+    assert bad.returncode != 0 and "logLevel" in bad.stderr
+
+
+def sa_kubeconfig(kube: Kube, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount, with a real token."""
+    token = kube.run("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "sa",
+                "clusters": [{"name": "kwok", "cluster": cluster}],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "kwok", "user": "sa"}}],
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def installed_chart(kube: Kube):
+    helm(
+        kube,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "image.tag=test",
+        "--wait=false",
+    )
+    yield
+    helm(kube, "uninstall", RELEASE, "-n", NAMESPACE, check=False)
+
+
+def start_prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen, int]:
+    exe = shutil.which("prometheus")
+    assert exe, "prometheus not found: e2e/setup.sh installs it (Debian package prometheus)"
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {"job_name": "tidal", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}
+                ],
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            exe,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=(tmp / "prometheus.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    return proc, port
+
+
+def promql(port: int, expr: str) -> dict:
+    url = f"http://127.0.0.1:{port}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as e:  # a query that does not parse answers 400 with the reason
+        return json.load(e)
+
+
+def test_install_rbac_and_dashboard_queries(
+    kube: Kube, operator: OperatorProcess, installed_chart, namespace: str, tmp_path: Path
+):
+    # The release's objects exist.
+    assert kube.get("deployment", RELEASE, "-n", NAMESPACE)["spec"]["replicas"] == 2
+    for kind, name in (
+        ("serviceaccount", SERVICE_ACCOUNT),
+        ("service", f"{RELEASE}-metrics"),
+        ("configmap", f"{RELEASE}-dashboard"),
+    ):
+        kube.get(kind, name, "-n", NAMESPACE)
+    kube.get("clusterrole", RELEASE)
+    kube.get("clusterkopfpeering", RELEASE)
+    dashboard = kube.get("configmap", f"{RELEASE}-dashboard", "-n", NAMESPACE)
+    assert json.loads(dashboard["data"]["tidal.json"])["uid"] == "tidal"
+
+    # Not too wide: the operator's identity cannot read Secrets.
+    kubeconfig = sa_kubeconfig(kube, tmp_path / "sa.kubeconfig")
+    as_sa = Kube(kubeconfig, kube.bin)
+    denied = as_sa.run("get", "secrets", "-A", check=False)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
+    assert as_sa.run("auth", "can-i", "get", "secrets", "-n", "kube-system", check=False).stdout.strip() == "no"
+    assert as_sa.run("auth", "can-i", "create", "pods", "-n", namespace).stdout.strip() == "yes"
+
+    # Sufficient: with only that identity, the operator runs both scenarios.
+    operator.stop()  # one acting operator at a time
+    metrics_port = free_port()
+    sa_operator = OperatorProcess(
+        kubeconfig,
+        tmp_path,
+        "--peering-name",
+        RELEASE,
+        "--metrics-port",
+        str(metrics_port),
+        "--discover-supernodes",
+        "tidal.dev/supernode",
+    )
+    sa_operator.start()
+    prometheus, prom_port = start_prometheus(tmp_path, metrics_port)
+    try:
+        submit(
+            kube, namespace, job("rbac-train", tp=4, ep=4, pp=2, dp=2), pool("rbac-pool", minReplicas=2, maxReplicas=2)
+        )
+        wait_phase(kube, namespace, "rbac-train", "Running", timeout=120)
+        eventually(
+            lambda: pool_status(kube, namespace, "rbac-pool").get("readyReplicas") == 2,
+            timeout=90,
+            what="pool ready under the chart's RBAC",
+        )
+        assert len(pods_of(kube, namespace, "rbac-train")) == 16
+        events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=rbac-train")["items"]
+        assert any(e["reason"] == "Admitted" for e in events), "events are allowed"
+        assert "Forbidden" not in sa_operator.logs() and "forbidden" not in sa_operator.logs()
+
+        # Every dashboard query parses and returns data from a real Prometheus.
+        eventually(
+            lambda: promql(prom_port, "tidal_cycles_total")["data"]["result"],
+            timeout=60,
+            what="Prometheus scraping the operator",
+        )
+        time.sleep(3)  # a few more scrapes, so rate() and increase() have two samples
+        for expr in queries():
+            answer = promql(prom_port, expr)
+            assert answer["status"] == "success", f"{expr}: {answer}"
+            assert answer["data"]["result"], f"no data for {expr}"
+    finally:
+        prometheus.terminate()
+        prometheus.wait(20)
+        # Delete while this operator still runs: it removes its finalizers.
+        kube.delete("trainingjob", "rbac-train", "-n", namespace)
+        kube.delete("inferencepool", "rbac-pool", "-n", namespace)
+        eventually(
+            lambda: (
+                not kube.get("trainingjobs", "-n", namespace)["items"]
+                and not kube.get("inferencepools", "-n", namespace)["items"]
+            ),
+            timeout=60,
+            what="cleanup",
+        )
+        sa_operator.stop()
+        operator.start()
