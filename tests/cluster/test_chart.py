@@ -72,7 +72,8 @@ def test_helm_lint_and_template(kube: Kube):
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]
     rule = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule")
-    assert rule["spec"] == yaml.safe_load((CHART / "files" / "tidal-alerts.yaml").read_text()), "same rules as promtool tests"
+    promtool_tested = yaml.safe_load((CHART / "files" / "tidal-alerts.yaml").read_text())
+    assert rule["spec"] == promtool_tested, "the PrometheusRule carries the promtool-tested rules"
     bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.logLevel=LOUD", check=False)
     assert bad.returncode != 0 and "logLevel" in bad.stderr
 
