@@ -38,3 +38,9 @@ def test_panels_cover_what_operators_watch():
     ):
         assert metric in exprs, metric
     assert all(t["datasource"]["uid"] == "${datasource}" for t in board["panels"])
+
+
+def test_readme_lists_every_panel():
+    readme = (REPO / "README.md").read_text()
+    for spec in PANELS:
+        assert f"| {spec.title} |" in readme, spec.title
