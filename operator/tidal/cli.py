@@ -59,6 +59,19 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from tidal.sim.run import Scenario, run_scenario, table, write_outputs
+
+    scenario = Scenario(shape=args.shape, gpus=args.gpus, days=args.days, seed=args.seed,
+                        inference_peak_share=args.inference_peak_share,
+                        training_load_share=args.training_load_share, traces_dir=args.traces)
+    result = run_scenario(scenario, args.policy or None)
+    print(table(result))
+    for path in write_outputs(result, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
 def _cmd_placement(args: argparse.Namespace) -> int:
     from tidal.k8s.api import load_client
     from tidal.k8s.report import placement_table
@@ -91,6 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--out", type=Path, default=Path("charts/tidal/files/tidal-dashboard.json"))
     dashboard.add_argument("--check", action="store_true", help="exit 1 if the file differs")
     dashboard.set_defaults(func=_cmd_dashboard)
+
+    sim = sub.add_parser("sim", help="replay the public traces through the policies, side by side")
+    sim.add_argument("--shape", default="nvl72", choices=["nvl72", "cm384", "hgx8", "mixed"])
+    sim.add_argument("--gpus", type=int, default=72_000, help="cluster size (rounded up to whole supernodes)")
+    sim.add_argument("--days", type=int, default=7)
+    sim.add_argument("--seed", type=int, default=7)
+    sim.add_argument("--policy", action="append", choices=["tidal", "topology-only", "static-split", "first-fit"],
+                     help="run only these (repeatable); default: all four")
+    sim.add_argument("--inference-peak-share", type=float, default=0.4,
+                     help="share of the GPUs the busiest inference window needs (scales ServeGen rates)")
+    sim.add_argument("--training-load-share", type=float, default=1.0,
+                     help="offered training load as a share of the GPUs (scales Helios arrivals)")
+    sim.add_argument("--traces", type=Path, default=None,
+                     help="directory with the trace CSVs (default: the copies shipped in tidal/sim/data)")
+    sim.add_argument("--out", type=Path, default=Path("sim-out"), help="where the table, JSON and plots go")
+    sim.set_defaults(func=_cmd_sim)
 
     placement = sub.add_parser("placement", help="print where every HBD group landed, per supernode")
     placement.add_argument("--kubeconfig", type=Path, default=None)

@@ -37,19 +37,12 @@ class OperatorProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.starts += 1
         self.health_port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "tidal",
-            "run",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--health-port",
-            str(self.health_port),
-            "--clock-file",
-            str(self.clock_file),
-            *self.extra,
-        ]
+        extra = list(self.extra)
+        if "--metrics-port" not in extra:  # never collide with another operator on this machine
+            self.metrics_port = free_port()
+            extra += ["--metrics-port", str(self.metrics_port)]
+        cmd = [sys.executable, "-m", "tidal", "run", "--kubeconfig", str(self.kubeconfig),
+               "--health-port", str(self.health_port), "--clock-file", str(self.clock_file), *extra]
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         deadline = time.monotonic() + 60

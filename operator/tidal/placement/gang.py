@@ -33,6 +33,8 @@ def plan_gang(snapshot: ClusterSnapshot, request: GangRequest) -> PlacementPlan 
     slots: dict[str, int] = {}
     capacity: dict[str, int] = {}
     for sn in matching:
+        if not request.recovery and snapshot.largest_free_slice(sn.name) < request.group_gpus:
+            continue  # cannot hold a group whatever the pod layout
         s = snapshot.pod_slots(sn.name, gpp, include_spares=request.recovery)
         if s >= per_group:
             slots[sn.name] = s
@@ -91,14 +93,19 @@ def _assign_nodes(
     return groups
 
 
-def diagnose(snapshot: ClusterSnapshot, request: GangRequest, capacity_now: dict[str, int]) -> Unplaceable:
-    """Why the request does not fit, with the numbers; `permanent` if an empty cluster would not do."""
+_EMPTY_CACHE: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _if_empty(snapshot: ClusterSnapshot, request: GangRequest) -> tuple[int, int, int]:
+    """(largest node, largest supernode in pods, groups an empty cluster holds); cached per shape."""
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
-    matching = [sn for sn in snapshot.supernodes.values() if sn.accelerator == request.accelerator]
-    largest_node = 0
-    groups_if_empty = 0
-    largest_domain_pods = 0
-    for sn in matching:
+    key = (id(snapshot), snapshot.shape_version, request.accelerator, gpp, per_group, request.recovery)
+    if key in _EMPTY_CACHE:
+        return _EMPTY_CACHE[key]
+    largest_node = groups_if_empty = largest_domain_pods = 0
+    for sn in snapshot.supernodes.values():
+        if sn.accelerator != request.accelerator:
+            continue
         pods = 0
         for node in snapshot.member_nodes(sn.name):
             largest_node = max(largest_node, node.gpus)
@@ -106,6 +113,16 @@ def diagnose(snapshot: ClusterSnapshot, request: GangRequest, capacity_now: dict
                 pods += node.gpus // gpp
         largest_domain_pods = max(largest_domain_pods, pods)
         groups_if_empty += pods // per_group
+    if len(_EMPTY_CACHE) > 4096:
+        _EMPTY_CACHE.clear()
+    _EMPTY_CACHE[key] = (largest_node, largest_domain_pods, groups_if_empty)
+    return _EMPTY_CACHE[key]
+
+
+def diagnose(snapshot: ClusterSnapshot, request: GangRequest, capacity_now: dict[str, int]) -> Unplaceable:
+    """Why the request does not fit, with the numbers; `permanent` if an empty cluster would not do."""
+    gpp, per_group = request.gpus_per_pod, request.pods_per_group
+    largest_node, largest_domain_pods, groups_if_empty = _if_empty(snapshot, request)
     needs = (
         f"needs {request.groups} group(s) of {request.group_gpus} {request.accelerator} "
         f"({per_group} pod(s) x {gpp}) each inside one supernode"

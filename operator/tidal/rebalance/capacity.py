@@ -71,18 +71,19 @@ def plan_capacity(
     snapshot: ClusterSnapshot, request: GangRequest, running: list[RunningGang], budget_gpus: int | None
 ) -> CapacityPlan:
     """Room for up to `request.groups` replicas (one group each): free first, then training."""
-    for wanted in range(request.groups, 0, -1):
-        sized = replace(request, groups=wanted, group_ids=None)
-        direct = plan_gang(snapshot, sized)
-        if isinstance(direct, PlacementPlan):
-            if wanted == request.groups:
-                return CapacityPlan(wanted, direct, (), "free GPUs")
-            free_only = CapacityPlan(wanted, direct, (), "free GPUs")
-            break
+    direct = plan_gang(snapshot, request)
+    if isinstance(direct, PlacementPlan):
+        return CapacityPlan(request.groups, direct, (), "free GPUs")
+    fitting = min(direct.groups_fitting_now, request.groups)  # the engine counts what fits now
+    partial = plan_gang(snapshot, replace(request, groups=fitting, group_ids=None)) if fitting else None
+    if isinstance(partial, PlacementPlan):
+        free_only = CapacityPlan(fitting, partial, (), "free GPUs")
     else:
         free_only = CapacityPlan(0, None, (), "no free room")
     over_budget = False
-    for wanted in range(request.groups, free_only.replicas, -1):
+
+    def with_evictions(wanted: int) -> CapacityPlan | None:
+        nonlocal over_budget
         sized = replace(request, groups=wanted, group_ids=None)
         for why, gangs in _stages(running, request.priority):
             if not gangs:
@@ -95,6 +96,22 @@ def plan_capacity(
                 over_budget = True
                 continue
             return CapacityPlan(wanted, result.placement, evictions, why)
+        return None
+
+    # The most replicas some stage makes room for: all of them usually; else a binary search,
+    # since making room for fewer replicas never needs more evictions.
+    best = with_evictions(request.groups)
+    if best is None:
+        low, high = free_only.replicas, request.groups - 1  # `low` replicas fit without evictions
+        while low < high:
+            mid = (low + high + 1) // 2
+            found = with_evictions(mid)
+            if found is None:
+                high = mid - 1
+            else:
+                best, low = found, mid
+    if best is not None and best.replicas > free_only.replicas:
+        return best
     if over_budget:
         return replace(free_only, reason=f"{free_only.reason}; the disruption budget allows no more evictions")
     return free_only

@@ -29,7 +29,10 @@ class NodeState:
     @property
     def free(self) -> int:
         """Unrequested GPUs on a usable node; a failed or cordoned node offers nothing."""
-        return max(self.gpus - self.allocated, 0) if self.usable else 0
+        if not self.ready or self.cordoned:
+            return 0
+        free = self.gpus - self.allocated
+        return free if free > 0 else 0
 
 
 @dataclass(slots=True)
@@ -53,6 +56,11 @@ class ClusterSnapshot:
         # supernode -> Counter(free GPUs per node -> node count), for usable non-spare / spare nodes
         self._free_hist: dict[str, Counter[int]] = {}
         self._spare_hist: dict[str, Counter[int]] = {}
+        # Free GPUs per supernode (usable, non-spare nodes), kept with the histograms: a quick
+        # test before counting pod slots.
+        self._free_total: dict[str, int] = {}
+        # Bumped when capacity (not allocation) changes; caches of "what fits an empty cluster" use it.
+        self.shape_version = 0
         for sn in supernodes:
             self.add_supernode(sn)
         for node in nodes:
@@ -67,6 +75,8 @@ class ClusterSnapshot:
         self.supernodes[sn.name] = sn
         self._free_hist[sn.name] = Counter()
         self._spare_hist[sn.name] = Counter()
+        self._free_total[sn.name] = 0
+        self.shape_version += 1
         for name in members:
             if name in self.nodes:
                 self._attach(self.nodes[name])
@@ -81,6 +91,7 @@ class ClusterSnapshot:
             self._attach(node)
 
     def _attach(self, node: NodeState) -> None:
+        self.shape_version += 1
         sn = self.supernodes[node.supernode]
         if node.name not in sn.nodes:
             sn.nodes.append(node.name)
@@ -91,9 +102,12 @@ class ClusterSnapshot:
         if node.supernode not in hist:
             return
         counter = hist[node.supernode]
-        counter[node.free] += delta
-        if counter[node.free] == 0:
-            del counter[node.free]
+        free = node.free
+        counter[free] += delta
+        if counter[free] == 0:
+            del counter[free]
+        if not node.spare:
+            self._free_total[node.supernode] += delta * free
 
     def update_node(self, name: str, **changes: object) -> None:
         """Change ready/cordoned/spare/gpus/allocated of a node, keeping the histograms right."""
@@ -102,6 +116,8 @@ class ClusterSnapshot:
         for key, value in changes.items():
             setattr(node, key, value)
         self._hist_add(node, +1)
+        if "gpus" in changes or "spare" in changes:
+            self.shape_version += 1
 
     # -- allocation -----------------------------------------------------------------------
     def allocate(self, name: str, gpus: int) -> None:
@@ -128,6 +144,8 @@ class ClusterSnapshot:
         }
         clone._free_hist = {k: Counter(v) for k, v in self._free_hist.items()}
         clone._spare_hist = {k: Counter(v) for k, v in self._spare_hist.items()}
+        clone._free_total = dict(self._free_total)
+        clone.shape_version = self.shape_version
         return clone
 
     # -- queries --------------------------------------------------------------------------
@@ -157,7 +175,7 @@ class ClusterSnapshot:
 
     def largest_free_slice(self, supernode: str) -> int:
         """Free GPUs one HBD group could use: every free GPU of a supernode shares its scale-up fabric."""
-        return sum(free * n for free, n in self._free_hist[supernode].items())
+        return self._free_total[supernode]
 
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes.values())
@@ -166,7 +184,7 @@ class ClusterSnapshot:
         return sum(n.allocated for n in self.nodes.values())
 
     def free_gpus(self) -> int:
-        return sum(self.largest_free_slice(s) for s in self.supernodes)
+        return sum(self._free_total.values())
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,36 @@
+"""Failure handling decided by the controller, on the in-memory cluster (the KWOK tests delete
+nodes and fail pods for real; a NotReady node is exercised here)."""
+
+import dataclasses
+import datetime as dt
+
+from tidal.clock import FixedClock
+from tidal.k8s.controller import Controller
+
+from .fake_cluster import FakeCluster
+from .test_rebalance import TEMPLATE, run
+
+
+def test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first():
+    cluster = FakeCluster("nvl72", 2)
+    sn = cluster.get("Supernode", None, "nvl72-0000")
+    cluster.objects[("Supernode", None, "nvl72-0000")] = dataclasses.replace(
+        sn, spec={**sn.spec, "spares": {"count": 2}})
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4,
+                                             "template": TEMPLATE})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    status = cluster.get("TrainingJob", "ml", "job").status
+    assert status["phase"] == "Running"
+    group = status["placement"][0]
+    lost = group["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    cluster.calls.clear()
+    run(cluster, controller, cycles=4)
+    status = cluster.get("TrainingJob", "ml", "job").status
+    assert status["restarts"] == 1 and status["phase"] == "Running"
+    new_nodes = status["placement"][0]["nodes"]
+    assert lost not in new_nodes and status["placement"][0]["supernode"] == group["supernode"]
+    assert {"nvl72-0000-n16", "nvl72-0000-n17"} & set(new_nodes), "hot spares of the same rack first"
+    assert ("delete_pod", "job-0") in cluster.calls
+    assert any(v == "event" and d[1] == "Restarting" and "NotReady" in d[2] for v, d in cluster.calls)
