@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -11,7 +12,10 @@ import pytest
 from .kube import E2E, REPO, Kube, bin_dir, eventually
 from .operator_process import OperatorProcess, free_port
 
-CLUSTER_NAME = os.environ.get("TIDAL_CLUSTER_NAME", "tidal-test")
+# One cluster per checkout: two clones testing on one machine must not share (or fight over) one.
+CLUSTER_NAME = os.environ.get(
+    "TIDAL_CLUSTER_NAME", f"tidal-test-{hashlib.sha256(str(REPO).encode()).hexdigest()[:6]}"
+)
 
 
 @pytest.fixture(scope="session")
