@@ -62,9 +62,15 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 def _cmd_sim(args: argparse.Namespace) -> int:
     from tidal.sim.run import Scenario, run_scenario, table, write_outputs
 
-    scenario = Scenario(shape=args.shape, gpus=args.gpus, days=args.days, seed=args.seed,
-                        inference_peak_share=args.inference_peak_share,
-                        training_load_share=args.training_load_share, traces_dir=args.traces)
+    scenario = Scenario(
+        shape=args.shape,
+        gpus=args.gpus,
+        days=args.days,
+        seed=args.seed,
+        inference_peak_share=args.inference_peak_share,
+        training_load_share=args.training_load_share,
+        traces_dir=args.traces,
+    )
     result = run_scenario(scenario, args.policy or None)
     print(table(result))
     for path in write_outputs(result, args.out):
@@ -110,14 +116,30 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gpus", type=int, default=72_000, help="cluster size (rounded up to whole supernodes)")
     sim.add_argument("--days", type=int, default=7)
     sim.add_argument("--seed", type=int, default=7)
-    sim.add_argument("--policy", action="append", choices=["tidal", "topology-only", "static-split", "first-fit"],
-                     help="run only these (repeatable); default: all four")
-    sim.add_argument("--inference-peak-share", type=float, default=0.4,
-                     help="share of the GPUs the busiest inference window needs (scales ServeGen rates)")
-    sim.add_argument("--training-load-share", type=float, default=1.0,
-                     help="offered training load as a share of the GPUs (scales Helios arrivals)")
-    sim.add_argument("--traces", type=Path, default=None,
-                     help="directory with the trace CSVs (default: the copies shipped in tidal/sim/data)")
+    sim.add_argument(
+        "--policy",
+        action="append",
+        choices=["tidal", "topology-only", "static-split", "first-fit"],
+        help="run only these (repeatable); default: all four",
+    )
+    sim.add_argument(
+        "--inference-peak-share",
+        type=float,
+        default=0.4,
+        help="share of the GPUs the busiest inference window needs (scales ServeGen rates)",
+    )
+    sim.add_argument(
+        "--training-load-share",
+        type=float,
+        default=1.0,
+        help="offered training load as a share of the GPUs (scales Helios arrivals)",
+    )
+    sim.add_argument(
+        "--traces",
+        type=Path,
+        default=None,
+        help="directory with the trace CSVs (default: the copies shipped in tidal/sim/data)",
+    )
     sim.add_argument("--out", type=Path, default=Path("sim-out"), help="where the table, JSON and plots go")
     sim.set_defaults(func=_cmd_sim)
 

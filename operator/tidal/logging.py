@@ -29,10 +29,12 @@ def configure(level: str = "INFO", json: bool = True) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, _kopf_object],
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, _kopf_object],
+        )
+    )
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(numeric)

@@ -13,9 +13,7 @@ from .kube import E2E, REPO, Kube, bin_dir, eventually
 from .operator_process import OperatorProcess, free_port
 
 # One cluster per checkout: two clones testing on one machine must not share (or fight over) one.
-CLUSTER_NAME = os.environ.get(
-    "TIDAL_CLUSTER_NAME", f"tidal-test-{hashlib.sha256(str(REPO).encode()).hexdigest()[:6]}"
-)
+CLUSTER_NAME = os.environ.get("TIDAL_CLUSTER_NAME", f"tidal-test-{hashlib.sha256(str(REPO).encode()).hexdigest()[:6]}")
 
 
 @pytest.fixture(scope="session")

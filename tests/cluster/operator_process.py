@@ -41,8 +41,19 @@ class OperatorProcess:
         if "--metrics-port" not in extra:  # never collide with another operator on this machine
             self.metrics_port = free_port()
             extra += ["--metrics-port", str(self.metrics_port)]
-        cmd = [sys.executable, "-m", "tidal", "run", "--kubeconfig", str(self.kubeconfig),
-               "--health-port", str(self.health_port), "--clock-file", str(self.clock_file), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tidal",
+            "run",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--health-port",
+            str(self.health_port),
+            "--clock-file",
+            str(self.clock_file),
+            *extra,
+        ]
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         deadline = time.monotonic() + 60

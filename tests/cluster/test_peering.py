@@ -17,16 +17,22 @@ def test_standby_replica_waits_then_takes_over(
     leader = OperatorProcess(kube.kubeconfig, tmp_path, "--priority", "100")
     leader.start()
     try:
-        eventually(lambda: "Pausing operations in favour of" in standby.logs(), timeout=60,
-                   what="the priority-0 replica to pause")
+        eventually(
+            lambda: "Pausing operations in favour of" in standby.logs(),
+            timeout=60,
+            what="the priority-0 replica to pause",
+        )
         submit(kube, namespace, job("led", tp=4, ep=1, pp=1, dp=2))
         wait_phase(kube, namespace, "led", "Running")
         assert len(pods_of(kube, namespace, "led")) == 2
         assert "led" in leader.logs() and '"name": "led"' not in standby.logs().split("Pausing operations")[-1]
     finally:
         leader.kill()  # no goodbye: the standby must notice the silence
-    eventually(lambda: "Resuming operations after the pause" in standby.logs().split("Pausing operations")[-1],
-               timeout=90, what="the standby to resume")
+    eventually(
+        lambda: "Resuming operations after the pause" in standby.logs().split("Pausing operations")[-1],
+        timeout=90,
+        what="the standby to resume",
+    )
     submit(kube, namespace, job("after", tp=4, ep=1, pp=1, dp=2))
     wait_phase(kube, namespace, "after", "Running")
     assert len(pods_of(kube, namespace, "led")) == 2 and len(pods_of(kube, namespace, "after")) == 2

@@ -15,9 +15,9 @@ def test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first():
     cluster = FakeCluster("nvl72", 2)
     sn = cluster.get("Supernode", None, "nvl72-0000")
     cluster.objects[("Supernode", None, "nvl72-0000")] = dataclasses.replace(
-        sn, spec={**sn.spec, "spares": {"count": 2}})
-    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4,
-                                             "template": TEMPLATE})
+        sn, spec={**sn.spec, "spares": {"count": 2}}
+    )
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
     run(cluster, controller)
     status = cluster.get("TrainingJob", "ml", "job").status

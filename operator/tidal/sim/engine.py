@@ -74,8 +74,9 @@ class Pool:
     waiting: int = 0  # replicas whose room is being freed by checkpointing training
 
     def request(self, count: int) -> GangRequest:
-        return GangRequest(f"pool/{self.name}", groups=count, group_gpus=self.tp, gpus_per_pod=self.gpus_per_pod,
-                           priority=1000)
+        return GangRequest(
+            f"pool/{self.name}", groups=count, group_gpus=self.tp, gpus_per_pod=self.gpus_per_pod, priority=1000
+        )
 
 
 @dataclass
@@ -96,7 +97,8 @@ class Totals:
 
 
 class Simulation:
-    def __init__(self, snapshot: ClusterSnapshot, workload: Workload, policy):
+    def __init__(self, snapshot: ClusterSnapshot, workload: Workload, policy, check_every_event: bool = False):
+        self.check_every_event = check_every_event
         self.snapshot = snapshot
         self.workload = workload
         self.policy = policy
@@ -133,6 +135,9 @@ class Simulation:
             self._account(at)
             self.now = at
             getattr(self, f"_on_{kind}")(payload)
+            if self.check_every_event:
+                self.check_conservation()
+                self.check_accounting()
         self._account(self.end)
         for job in self.active.values():
             self._progress(job)
@@ -302,8 +307,15 @@ class Simulation:
             replicas: list[list[tuple[str, int]]] = [[] for _ in range(job.dp)]
             for g in job.groups:
                 replicas[min(g.group // per, job.dp - 1)].extend((n, job.shape.gpus_per_pod) for n in g.nodes)
-            gangs.append(RunningGang(job.id, job.arrival.priority, job.arrival.preemptible,
-                                     tuple(tuple(r) for r in replicas), job.arrival.min_dp))
+            gangs.append(
+                RunningGang(
+                    job.id,
+                    job.arrival.priority,
+                    job.arrival.preemptible,
+                    tuple(tuple(r) for r in replicas),
+                    job.arrival.min_dp,
+                )
+            )
         return gangs
 
     # -- accounting --------------------------------------------------------------------------
@@ -332,15 +344,17 @@ class Simulation:
         free = sum(free_by_supernode)
         stranded = sum(f for f in free_by_supernode if f < 64)
         failed = sum(n.gpus for n in self.snapshot.nodes.values() if not n.ready)
-        self.totals.samples.append({
-            "t": self.now,
-            "training": self.training_gpus(),
-            "inference": self.inference_gpus(),
-            "failed": failed,
-            "idle": max(self.total_gpus - failed - self.training_gpus() - self.inference_gpus(), 0),
-            "stranded_free_share": stranded / free if free else 0.0,
-            "queued": len(self.queue),
-        })
+        self.totals.samples.append(
+            {
+                "t": self.now,
+                "training": self.training_gpus(),
+                "inference": self.inference_gpus(),
+                "failed": failed,
+                "idle": max(self.total_gpus - failed - self.training_gpus() - self.inference_gpus(), 0),
+                "stranded_free_share": stranded / free if free else 0.0,
+                "queued": len(self.queue),
+            }
+        )
 
     def check_conservation(self) -> None:
         """Every booked GPU belongs to exactly one job or replica, and no node is over-booked."""
@@ -356,6 +370,19 @@ class Simulation:
         for name, node in self.snapshot.nodes.items():
             assert node.allocated == held[name], f"{name}: booked {node.allocated}, held {held[name]}"
             assert node.allocated <= node.gpus, f"{name} over-booked"
+
+    def check_accounting(self) -> None:
+        """Every job that arrived is in exactly one place: queued, running/checkpointing, or done."""
+        queued = {j.id for j in self.queue}
+        assert len(queued) == len(self.queue), "a job is queued twice"
+        assert not queued & set(self.active), "a job is both queued and running"
+        for job in self.jobs.values():
+            where = "queued" if job.id in queued else "active" if job.id in self.active else job.state
+            assert where in ("queued", "active", "done"), f"{job.id} is lost ({job.state})"
+            if job.state == "done":
+                assert not job.groups and job.remaining <= 1e-6 * job.arrival.duration_s * job.shape.gpus + 1
+            if job.id in self.active:
+                assert job.state in ("running", "checkpointing") and job.groups
 
     def wall_clock(self) -> dt.datetime:
         return EPOCH + dt.timedelta(seconds=self.now)

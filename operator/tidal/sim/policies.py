@@ -38,8 +38,13 @@ DAY_START_H, DAY_END_H = 8, 23
 
 def job_request(job: Job, dp: int) -> GangRequest:
     shape = job.shape
-    return GangRequest(job.id, groups=shape.groups * dp // shape.dp, group_gpus=shape.group_gpus,
-                       gpus_per_pod=shape.gpus_per_pod, priority=job.arrival.priority)
+    return GangRequest(
+        job.id,
+        groups=shape.groups * dp // shape.dp,
+        group_gpus=shape.group_gpus,
+        gpus_per_pod=shape.gpus_per_pod,
+        priority=job.arrival.priority,
+    )
 
 
 class Policy:
@@ -187,8 +192,11 @@ class Tidal(Policy):
     def after_checkpoint(self, sim: Simulation) -> None:
         self.waiting = False
         for pool in sim.pools.values():
-            self.grow(sim, pool, self.tracker.stabilized(pool.name, sim.wall_clock(),
-                                                         sim.workload.desired_at(pool.name, sim.now)))
+            self.grow(
+                sim,
+                pool,
+                self.tracker.stabilized(pool.name, sim.wall_clock(), sim.workload.desired_at(pool.name, sim.now)),
+            )
         self.admit(sim)
 
     def grow(self, sim: Simulation, pool: Pool, target: int) -> None:
@@ -218,9 +226,14 @@ class Tidal(Policy):
                 continue
             have = len(job.groups)
             want = job.shape.groups
-            request = GangRequest(job.id, groups=want - have, group_gpus=job.shape.group_gpus,
-                                  gpus_per_pod=job.shape.gpus_per_pod, priority=job.arrival.priority,
-                                  group_ids=tuple(range(have, want)))
+            request = GangRequest(
+                job.id,
+                groups=want - have,
+                group_gpus=job.shape.group_gpus,
+                gpus_per_pod=job.shape.gpus_per_pod,
+                priority=job.arrival.priority,
+                group_ids=tuple(range(have, want)),
+            )
             plan = plan_gang(sim.snapshot, request)
             if isinstance(plan, PlacementPlan):
                 sim.grow(job, plan, job.shape.dp)

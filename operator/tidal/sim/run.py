@@ -39,7 +39,8 @@ def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, floa
         "gpu_utilization": round((totals.training_gpu_s + totals.inference_used_gpu_s) / capacity, 4),
         "training_gpu_hours": round(totals.useful_work / 3600, 1),
         "inference_demand_met": round(totals.served_gpu_windows / totals.demanded_gpu_windows, 4)
-        if totals.demanded_gpu_windows else 1.0,
+        if totals.demanded_gpu_windows
+        else 1.0,
         "job_wait_p50_s": round(_percentile(totals.waits, 0.5), 1),
         "job_wait_p95_s": round(_percentile(totals.waits, 0.95), 1),
         "jobs_started": len(totals.waits),
@@ -55,9 +56,15 @@ def run_scenario(scenario: Scenario, policies: list[str] | None = None, check: b
     fleet = fleet_for_gpus(scenario.shape, scenario.gpus)
     nodes = sum(len(sn.nodes) for sn in fleet)
     gpus = sum(sn.shape.gpus for sn in fleet)
-    workload = build_workload(cluster_gpus=gpus, nodes=nodes, days=scenario.days, seed=scenario.seed,
-                              inference_peak_share=scenario.inference_peak_share,
-                              training_load_share=scenario.training_load_share, traces_dir=scenario.traces_dir)
+    workload = build_workload(
+        cluster_gpus=gpus,
+        nodes=nodes,
+        days=scenario.days,
+        seed=scenario.seed,
+        inference_peak_share=scenario.inference_peak_share,
+        training_load_share=scenario.training_load_share,
+        traces_dir=scenario.traces_dir,
+    )
     results, series = {}, {}
     for name in policies or list(POLICIES):
         sim = Simulation(snapshot_from_fleet(fleet), workload, POLICIES[name]())
@@ -80,8 +87,17 @@ def run_scenario(scenario: Scenario, policies: list[str] | None = None, check: b
     }
 
 
-COLUMNS = ("gpu_utilization", "training_gpu_hours", "inference_demand_met", "job_wait_p50_s", "job_wait_p95_s",
-           "hbd_split_groups", "lost_gpu_hours_failures", "lost_gpu_hours_preemption", "gpus_idle")
+COLUMNS = (
+    "gpu_utilization",
+    "training_gpu_hours",
+    "inference_demand_met",
+    "job_wait_p50_s",
+    "job_wait_p95_s",
+    "hbd_split_groups",
+    "lost_gpu_hours_failures",
+    "lost_gpu_hours_preemption",
+    "gpus_idle",
+)
 
 
 def table(result: dict) -> str:
@@ -113,9 +129,15 @@ def plot(result: dict, out: Path) -> list[Path]:
     for ax, name in zip(axes[:, 0], names, strict=True):
         s = result["series"][name]
         hours = [p["t"] / 3600 for p in s]
-        ax.stackplot(hours, [p["inference"] for p in s], [p["training"] for p in s], [p["idle"] for p in s],
-                     [p["failed"] for p in s], labels=["inference", "training", "idle", "failed"],
-                     colors=["#d95f02", "#1b9e77", "#d9d9d9", "#e7298a"])
+        ax.stackplot(
+            hours,
+            [p["inference"] for p in s],
+            [p["training"] for p in s],
+            [p["idle"] for p in s],
+            [p["failed"] for p in s],
+            labels=["inference", "training", "idle", "failed"],
+            colors=["#d95f02", "#1b9e77", "#d9d9d9", "#e7298a"],
+        )
         ax.set_title(f"{name}: GPUs by class", fontsize=10)
         ax.set_ylabel("GPUs")
         ax.set_ylim(0, result["gpus"])

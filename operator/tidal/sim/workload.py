@@ -129,21 +129,15 @@ def build_workload(
     rng = random.Random(seed)
     rates = _servegen(days, traces_dir)
     # One scale factor for all models keeps their mix; the busiest window needs the peak share.
-    peak_gpus = max(
-        sum(rates[p.name][w] / p.rps_per_replica * p.tp for p in POOLS) for w in range(days * 144)
-    )
+    peak_gpus = max(sum(rates[p.name][w] / p.rps_per_replica * p.tp for p in POOLS) for w in range(days * 144))
     k = inference_peak_share * cluster_gpus / peak_gpus
-    replicas = {
-        p.name: [math.ceil(r * k / p.rps_per_replica) for r in rates[p.name]] for p in POOLS
-    }
+    replicas = {p.name: [math.ceil(r * k / p.rps_per_replica) for r in rates[p.name]] for p in POOLS}
 
     demand = _helios(days, traces_dir)
     mean_demand = sum(demand) / len(demand)
     mix = TRAINING_MIX
     weights = sum(s.weight for s in mix)
-    mean_gpu_seconds = sum(
-        s.weight / weights * s.gpus * median_duration_s(s) * math.exp(0.5) for s in mix
-    )
+    mean_gpu_seconds = sum(s.weight / weights * s.gpus * median_duration_s(s) * math.exp(0.5) for s in mix)
     base_rate = training_load_share * cluster_gpus / mean_gpu_seconds  # arrivals per second
     arrivals = []
     for w, d in enumerate(demand):
@@ -153,15 +147,17 @@ def build_workload(
             shape = sample_shapes(rng, 1, mix)[0]
             duration = min(median_duration_s(shape) * math.exp(rng.gauss(0, 1.0)), 48 * 3600)
             elastic = shape.dp >= 2 and rng.random() < 0.5
-            arrivals.append(TrainingArrival(
-                job_id=len(arrivals),
-                at=w * WINDOW + rng.random() * WINDOW,
-                shape=shape,
-                duration_s=duration,
-                priority=rng.randint(0, 3),
-                preemptible=rng.random() < 0.9,
-                min_dp=max(1, shape.dp // 2) if elastic else None,
-            ))
+            arrivals.append(
+                TrainingArrival(
+                    job_id=len(arrivals),
+                    at=w * WINDOW + rng.random() * WINDOW,
+                    shape=shape,
+                    duration_s=duration,
+                    priority=rng.randint(0, 3),
+                    preemptible=rng.random() < 0.9,
+                    min_dp=max(1, shape.dp // 2) if elastic else None,
+                )
+            )
     arrivals.sort(key=lambda a: (a.at, a.job_id))
 
     causes = _failure_causes(traces_dir)
@@ -175,8 +171,9 @@ def build_workload(
         component, category, _ = rng.choices(causes, weights=[n for _, _, n in causes])[0]
         down = 1800.0 if category in SOFTWARE_CATEGORIES else 4 * 3600.0
         failures.append(Failure(t, rng.randrange(nodes), component, category, down))
-    return Workload(days, replicas, arrivals, failures, {"inference_rate_scale": k,
-                                                         "training_arrivals_per_hour": base_rate * 3600})
+    return Workload(
+        days, replicas, arrivals, failures, {"inference_rate_scale": k, "training_arrivals_per_hour": base_rate * 3600}
+    )
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
