@@ -152,11 +152,12 @@ def plot(result: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(11, 3.5))
     for name in names:
         s = result["series"][name]
-        ax.plot([p["t"] / 3600 for p in s], [100 * p["stranded_free_share"] for p in s], label=name, linewidth=1)
-    ax.set_title("Fragmentation: share of free GPUs in supernodes with fewer than 64 free")
+        hourly = _hourly_means([(p["t"], p["stranded_free"]) for p in s])
+        ax.plot([h for h, _ in hourly], [v for _, v in hourly], label=name, linewidth=1.2)
+    ax.set_title("Fragmentation: free GPUs stranded in supernodes with fewer than 64 free (hourly mean)")
     ax.set_xlabel("hours since the start of the trace")
-    ax.set_ylabel("% of free GPUs")
-    ax.set_ylim(0, 100)
+    ax.set_ylabel("stranded free GPUs")
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fragmentation = out / "fragmentation.png"
@@ -165,5 +166,8 @@ def plot(result: dict, out: Path) -> list[Path]:
     return [by_class, fragmentation]
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
+def _hourly_means(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    buckets: dict[int, list[float]] = {}
+    for t, v in points:
+        buckets.setdefault(int(t // 3600), []).append(v)
+    return [(h, statistics.fmean(vs)) for h, vs in sorted(buckets.items())]
