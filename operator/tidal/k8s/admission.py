@@ -95,7 +95,9 @@ def running_gangs(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, 
     return gangs
 
 
-def _without_evicting(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> ClusterSnapshot:
+def without_evictions_in_flight(
+    cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+) -> ClusterSnapshot:
     """The snapshot as it will be once every eviction already under way has finished."""
     scratch = cyc.snapshot.copy()
     for view, status in statuses.values():
@@ -192,7 +194,7 @@ def _preempt_or_wait(
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     request = request_for(view, shape, status["phase"] == "Restarting")
-    scratch = _without_evicting(cyc, statuses)
+    scratch = without_evictions_in_flight(cyc, statuses)
     result = plan_preemption(scratch, request, running_gangs(cyc, statuses))
     if not isinstance(result, PreemptionPlan):
         return _pending(cyc, view, status, miss.reason.value, miss.message)
@@ -211,7 +213,7 @@ def _preempt_or_wait(
         statuses[victim.uid] = (victim, new_victim)
         cyc.writer.write(victim, new_victim)
         cyc.count("preemptions")
-    _reserve(cyc.snapshot, result.placement)
+    reserve_nodes(cyc.snapshot, result.placement)
     waiting = [
         v.ref
         for v, s in statuses.values()
@@ -221,7 +223,7 @@ def _preempt_or_wait(
     return _pending(cyc, view, status, "WaitingForPreemption", message)
 
 
-def _reserve(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:
+def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:
     """Block the nodes a waiting preemptor will use, so nobody else is admitted onto them."""
     for node in plan.gpus_by_node():
         state = snapshot.nodes.get(node)

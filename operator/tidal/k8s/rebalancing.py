@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.clock import parse_time
-from tidal.k8s.admission import _reserve, _without_evicting, running_gangs
+from tidal.k8s.admission import reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
@@ -117,7 +117,7 @@ def _grow(
         return status, False
     budget = settings.disruption_budget_gpus_per_hour
     left = None if budget is None else max(budget - budget_used(cyc, jobs), 0)
-    scratch = _without_evicting(cyc, jobs)
+    scratch = without_evictions_in_flight(cyc, jobs)
     plan = plan_capacity(scratch, _request(view, remaining), running_gangs(cyc, jobs), left)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}
     for eviction in plan.evictions:
@@ -130,7 +130,7 @@ def _grow(
         cyc.writer.write(victim, new)
         cyc.count(f"moves:from-training:{'suspend' if eviction.whole else 'shrink'}")
     if plan.placement is not None:
-        _reserve(cyc.snapshot, plan.placement)
+        reserve_nodes(cyc.snapshot, plan.placement)
     in_flight = [
         v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == f"InferencePool {view.ref}"
     ]

@@ -352,7 +352,7 @@ class Simulation:
                 "failed": failed,
                 "idle": max(self.total_gpus - failed - self.training_gpus() - self.inference_gpus(), 0),
                 "stranded_free_share": stranded / free if free else 0.0,
-            "stranded_free": stranded,
+                "stranded_free": stranded,
                 "queued": len(self.queue),
             }
         )
