@@ -89,7 +89,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     missing = [name for name in expected if name not in pods]
     for name in missing:
         cyc.pod_creates.append(expected[name])
-    if missing and status.get("phase") == "Admitted" and len(missing) == len(expected):
+    if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
     ready_to_release = not missing and all(
         not pods[n].terminating and pods[n].node == pinned_node(expected[n]) for n in expected
