@@ -45,6 +45,7 @@ class PodView:
     """(kind, name) of a tidal owner: ("TrainingJob" | "InferencePool", name)."""
     group: int | None
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -140,6 +141,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         owner=owner,
         group=int(group) if group is not None and group.isdigit() else None,
         labels=pod_labels,
+        annotations=dict(meta.get("annotations") or {}),
     )
 
 

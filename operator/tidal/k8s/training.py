@@ -272,17 +272,16 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
 def start_eviction(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], *, reason: str, by: str, replicas: list[int]
 ) -> dict[str, Any]:
-    """Ask the job (and its pods) to checkpoint; pods go once it confirms or the grace period ends."""
+    """Record the eviction; the job and its pods are asked to checkpoint from the next cycle on.
+
+    The intent goes to the status first (the caller writes it), the annotations follow and are
+    re-checked every cycle, so an operator killed in between still asks before it evicts.
+    """
     if status.get("eviction"):
         return status
     grace = int((view.spec.get("checkpoint") or {}).get("gracePeriodSeconds", 300))
     requested = cyc.stamp
     deadline = rfc3339(cyc.now + dt.timedelta(seconds=grace))
-    cyc.api.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
-    pods = cyc.state.pods_of("TrainingJob", view.namespace, view.name)
-    cyc.api.parallel(
-        lambda p: cyc.api.annotate_pod(p.namespace, p.name, {labels.CHECKPOINT_REQUESTED: requested}), pods
-    )
     what = f"replicas {replicas}" if replicas else "the whole job"
     cyc.event(
         view, "CheckpointRequested", f"{reason} by {by}: checkpoint requested before evicting {what} (grace {grace}s)"
@@ -297,6 +296,16 @@ def start_eviction(
     }
 
 
+def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> None:
+    """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent)."""
+    if view.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
+        cyc.api.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
+    unasked = [p for p in pods.values() if p.annotations.get(labels.CHECKPOINT_REQUESTED) != requested]
+    cyc.api.parallel(
+        lambda p: cyc.api.annotate_pod(p.namespace, p.name, {labels.CHECKPOINT_REQUESTED: requested}), unasked
+    )
+
+
 def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
     done = parse_time(view.annotations.get(labels.CHECKPOINT_DONE))
     asked = parse_time(requested_at)
@@ -307,6 +316,7 @@ def _continue_eviction(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView]
 ) -> dict[str, Any]:
     eviction = status["eviction"]
+    _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
     done = checkpoint_done(view, eviction["requestedAt"])
     expired = cyc.now >= (parse_time(eviction["deadline"]) or cyc.now)
     if not (done or expired):
