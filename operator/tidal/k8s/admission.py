@@ -15,6 +15,7 @@ from tidal.k8s.manifests import GangShape
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
 from tidal.k8s.training import (
+    groups_of_replicas,
     holds_gpus,
     placement_of,
     reconcile_placed,
@@ -105,11 +106,9 @@ def without_evictions_in_flight(
         if not eviction or not holds_gpus(status):
             continue
         shape = shape_of(view, status)
-        replicas = eviction.get("replicas") or []
-        for group in status["placement"]:
-            if not replicas or shape.replica_of_group(group["group"]) in replicas:
-                for node in group["nodes"]:
-                    scratch.release(node, shape.gpus_per_pod)
+        for group in groups_of_replicas(shape, status["placement"], eviction.get("replicas") or []):
+            for node in group["nodes"]:
+                scratch.release(node, shape.gpus_per_pod)
     return scratch
 
 

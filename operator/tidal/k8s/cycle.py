@@ -61,6 +61,16 @@ class Cycle:
             if name not in expected or pod.node != pinned_node(expected[name]):
                 self.delete_pod(pod)
 
+    def sync_gang(self, namespace: str, pods: dict[str, PodView], gang: dict[str, dict[str, Any]]) -> list[str]:
+        """Create the gang's missing pods; once every one exists on its pinned node, lift all their
+        gates together. Returns the names that were missing."""
+        missing = [name for name in gang if name not in pods]
+        self.pod_creates.extend(gang[name] for name in missing)
+        whole = not missing and all(not pods[n].terminating and pods[n].node == pinned_node(gang[n]) for n in gang)
+        if whole:
+            self.ungates.extend((namespace, n, [GANG_GATE]) for n in gang if pods[n].gated)
+        return missing
+
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 

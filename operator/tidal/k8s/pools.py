@@ -163,16 +163,9 @@ def _sync_pods(
     expected: dict[str, dict[str, Any]],
 ) -> None:
     cyc.delete_stale_pods(pods, expected)
-    for r in replicas:
+    for r in replicas:  # each replica is its own gang
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
-        missing = [n for n in names if n not in pods]
-        for n in missing:
-            cyc.pod_creates.append(expected[n])
-        whole = not missing and all(not pods[n].terminating and pods[n].node == pinned_node(expected[n]) for n in names)
-        if whole:
-            for n in names:
-                if pods[n].gated:
-                    cyc.ungates.append((view.namespace or "default", n, [labels.GANG_GATE]))
+        cyc.sync_gang(view.namespace or "default", pods, {n: expected[n] for n in names})
 
 
 def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups: list[Any]) -> dict[str, Any]:

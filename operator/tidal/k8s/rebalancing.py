@@ -15,7 +15,7 @@ from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
 from tidal.k8s.state import ResourceView
-from tidal.k8s.training import holds_gpus, shape_of, start_eviction, summary_fields
+from tidal.k8s.training import groups_of_replicas, holds_gpus, shape_of, start_eviction, summary_fields
 from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
 
@@ -42,12 +42,8 @@ def budget_used(cyc: Cycle, jobs: Statuses) -> int:
         eviction = status.get("eviction")
         if eviction and eviction.get("reason") == REBALANCED and holds_gpus(status):
             shape = shape_of(view, status)
-            replicas = eviction.get("replicas") or []
-            used += sum(
-                len(g["nodes"]) * shape.gpus_per_pod
-                for g in status["placement"]
-                if not replicas or shape.replica_of_group(g["group"]) in replicas
-            )
+            evicting = groups_of_replicas(shape, status["placement"], eviction.get("replicas") or [])
+            used += sum(len(g["nodes"]) for g in evicting) * shape.gpus_per_pod
     return used
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.manifests import GangShape, headless_service, pinned_node, pod_name, training_pods
+from tidal.k8s.manifests import GangShape, headless_service, pod_name, training_pods
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.model import TrainingJobSpec, describe_errors
@@ -48,6 +48,11 @@ def spec_problem(view: ResourceView) -> str | None:
     if len(view.name) > MAX_NAME:
         return f"metadata.name: must be at most {MAX_NAME} characters (pod names double as DNS hostnames)"
     return None
+
+
+def groups_of_replicas(shape: GangShape, placement: list[dict[str, Any]], replicas: list[int]) -> list[dict[str, Any]]:
+    """The placed groups of the given DP replicas; no replicas named means the whole job."""
+    return [g for g in placement if not replicas or shape.replica_of_group(g["group"]) in replicas]
 
 
 def placement_of(plan: PlacementPlan) -> list[dict[str, Any]]:
@@ -86,18 +91,9 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         return _restart(cyc, view, status, shape, broken, pods)
 
     cyc.delete_stale_pods(pods, expected)  # left over from a larger shape, or a group re-placed elsewhere
-    missing = [name for name in expected if name not in pods]
-    for name in missing:
-        cyc.pod_creates.append(expected[name])
+    missing = cyc.sync_gang(view.namespace, pods, expected)
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
-    ready_to_release = not missing and all(
-        not pods[n].terminating and pods[n].node == pinned_node(expected[n]) for n in expected
-    )
-    if ready_to_release:
-        for name in expected:
-            if pods[name].gated:
-                cyc.ungates.append((view.namespace, name, [labels.GANG_GATE]))
 
     phases = [pods[n].phase for n in expected if n in pods]
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
@@ -247,9 +243,7 @@ def _release(
 ) -> None:
     """Delete the pods (of `replicas`, or all) and free their GPUs in this cycle's snapshot."""
     shape = shape_of(view, status)
-    for group in status.get("placement") or []:
-        if replicas and shape.replica_of_group(group["group"]) not in replicas:
-            continue
+    for group in groups_of_replicas(shape, status.get("placement") or [], replicas or []):
         for node in group["nodes"]:
             cyc.snapshot.release(node, shape.gpus_per_pod)
     for pod in pods.values():
@@ -327,7 +321,7 @@ def _continue_eviction(
     replicas = eviction.get("replicas") or []
     conditions = set_condition(status.get("conditions", []), "CheckpointRequested", False, "Evicted", how, cyc.stamp)
     shape = shape_of(view, status)
-    evicted = [g for g in status["placement"] if not replicas or shape.replica_of_group(g["group"]) in replicas]
+    evicted = groups_of_replicas(shape, status["placement"], replicas)
     record = {
         "at": cyc.stamp,
         "gpus": sum(len(g["nodes"]) for g in evicted) * shape.gpus_per_pod,
