@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_first_fit, plan_gang, split_groups
 from tidal.placement.workload_mix import TRAINING_MIX, sample_shapes
+from tidal.sim.run import percentile
 from tidal.topology import ClusterSnapshot, fleet_for_gpus, snapshot_from_fleet
 
 Planner = Callable[[ClusterSnapshot, GangRequest], object]
@@ -75,11 +76,6 @@ def fill(planner: Planner, snapshot: ClusterSnapshot, seed: int) -> tuple[int, i
         splits += split
         if split == 0:
             useful += request.total_gpus
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run(repeats: int, seed: int, cluster_gpus: int = 100_000, load: float = 0.5) -> dict[str, object]:

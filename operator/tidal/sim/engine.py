@@ -81,9 +81,7 @@ class Pool:
 
 @dataclass
 class Totals:
-    allocated_gpu_s: float = 0.0
     training_gpu_s: float = 0.0
-    inference_gpu_s: float = 0.0
     inference_used_gpu_s: float = 0.0
     idle_gpu_s: float = 0.0
     useful_work: float = 0.0
@@ -333,15 +331,12 @@ class Simulation:
         usable = self.usable_gpus
         demanded = sum(self.workload.desired_at(p.name, self._last_accounting) * p.tp for p in self.pools.values())
         self.totals.training_gpu_s += training * dt_s
-        self.totals.inference_gpu_s += inference * dt_s
         self.totals.inference_used_gpu_s += min(inference, demanded) * dt_s
-        self.totals.allocated_gpu_s += (training + inference) * dt_s
         self.totals.idle_gpu_s += max(usable - training - inference, 0) * dt_s
         self._last_accounting = until
 
     def _sample(self) -> None:
         free_by_supernode = [self.snapshot.largest_free_slice(s) for s in self.snapshot.supernodes]
-        free = sum(free_by_supernode)
         stranded = sum(f for f in free_by_supernode if f < 64)
         failed = sum(n.gpus for n in self.snapshot.nodes.values() if not n.ready)
         self.totals.samples.append(
@@ -351,7 +346,6 @@ class Simulation:
                 "inference": self.inference_gpus(),
                 "failed": failed,
                 "idle": max(self.total_gpus - failed - self.training_gpus() - self.inference_gpus(), 0),
-                "stranded_free_share": stranded / free if free else 0.0,
                 "stranded_free": stranded,
                 "queued": len(self.queue),
             }

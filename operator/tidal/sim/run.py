@@ -25,7 +25,7 @@ class Scenario:
     traces_dir: Path | None = None
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -41,8 +41,8 @@ def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, floa
         "inference_demand_met": round(totals.served_gpu_windows / totals.demanded_gpu_windows, 4)
         if totals.demanded_gpu_windows
         else 1.0,
-        "job_wait_p50_s": round(_percentile(totals.waits, 0.5), 1),
-        "job_wait_p95_s": round(_percentile(totals.waits, 0.95), 1),
+        "job_wait_p50_s": round(percentile(totals.waits, 0.5), 1),
+        "job_wait_p95_s": round(percentile(totals.waits, 0.95), 1),
         "jobs_started": len(totals.waits),
         "hbd_split_groups": totals.split_groups,
         "lost_gpu_hours_failures": round(totals.lost_failures_gpu_s / 3600, 1),
