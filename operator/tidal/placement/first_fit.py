@@ -13,15 +13,18 @@ def plan_first_fit(snapshot: ClusterSnapshot, request: GangRequest) -> Placement
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
     needed = request.groups * per_group
     pods: list[str] = []
-    for node in snapshot.nodes.values():
-        if node.spare and not request.recovery:
+    for sn in snapshot.supernodes.values():
+        if sn.accelerator != request.accelerator:
             continue
-        if snapshot.supernodes.get(node.supernode) is None:
-            continue
-        if snapshot.supernodes[node.supernode].accelerator != request.accelerator:
-            continue
-        fit = min(node.free // gpp, needed - len(pods))
-        pods.extend([node.name] * fit)
+        if not request.recovery and snapshot.largest_free_slice(sn.name) == 0:
+            continue  # nothing free here: skipping it changes no choice, only the run time
+        for node in snapshot.member_nodes(sn.name):
+            if node.spare and not request.recovery:
+                continue
+            fit = min(node.free // gpp, needed - len(pods))
+            pods.extend([node.name] * fit)
+            if len(pods) == needed:
+                break
         if len(pods) == needed:
             break
     if len(pods) < needed:
@@ -40,3 +43,34 @@ def plan_first_fit(snapshot: ClusterSnapshot, request: GangRequest) -> Placement
 def split_groups(snapshot: ClusterSnapshot, plan: PlacementPlan) -> int:
     """Groups whose pods are not all inside one supernode (must be 0 for tidal's plans)."""
     return sum(1 for g in plan.groups if len({snapshot.nodes[n].supernode for n in g.nodes}) > 1)
+
+
+def plan_constrained_first_fit(snapshot: ClusterSnapshot, request: GangRequest) -> PlacementPlan | Unplaceable:
+    """Baseline: every group inside one supernode, supernodes and nodes taken in name order.
+
+    What a competent user gets from Kueue TAS with a required rack-level slice or from Slurm's
+    block plugin: topology constraints respected, no look at what the leftover is worth.
+    """
+    gpp, per_group = request.gpus_per_pod, request.pods_per_group
+    groups: list[GroupAssignment] = []
+    for name in sorted(snapshot.supernodes):
+        if snapshot.supernodes[name].accelerator != request.accelerator:
+            continue
+        if snapshot.largest_free_slice(name) < request.group_gpus and not request.recovery:
+            continue
+        slots = [
+            node.name
+            for node in snapshot.member_nodes(name)
+            if request.recovery or not node.spare
+            for _ in range(node.free // gpp)
+        ]
+        while len(slots) >= per_group and len(groups) < request.groups:
+            nodes, slots = tuple(slots[:per_group]), slots[per_group:]
+            groups.append(GroupAssignment(request.group_id(len(groups)), name, nodes))
+        if len(groups) == request.groups:
+            return PlacementPlan(request, tuple(groups))
+    return Unplaceable(
+        request,
+        UnplaceableReason.INSUFFICIENT_FREE_CAPACITY,
+        f"needs {request.groups} groups of {request.group_gpus}; {len(groups)} fit inside supernodes",
+    )

@@ -1,15 +1,27 @@
 """All-or-nothing gang placement with every HBD group inside one supernode.
 
-Quality rules, in order: use the caller's preferred supernodes first; keep the gang in as few
-scale-out blocks as possible (best-fit block when one block suffices, largest blocks first when
-none does); inside a block take the tightest supernodes first so empty supernodes stay whole;
-inside a supernode take the fullest nodes first so empty nodes stay whole.
+Quality rules, in order:
+1. The caller's preferred supernodes first (a broken group's own rack on recovery).
+2. As few scale-out blocks as possible: the best-fit block when one block suffices, the largest
+   blocks first when none does.
+3. Inside the last, partly used block, supernodes are chosen by what their leftover is worth to
+   the work that is coming (`GroupDemand`: group sizes in the queue and recent arrivals), not by
+   "tightest first": each step takes the supernode and group count that lose the least usable
+   leftover per group placed. A whole, empty domain is worth something of its own, so it stays
+   whole when a partly used domain can take the group as cheaply.
+4. Inside a supernode, the fullest nodes first, so empty nodes stay whole.
+Recovery uses hot spares of the preferred (own) supernodes first, then other supernodes'
+ordinary free nodes, and other supernodes' spares last.
+
+Candidates come from the snapshot's free-GPU index, so at ~99% allocation a call visits the few
+supernodes that can hold a group, not all 25,000 nodes.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from tidal.placement.leftover import GroupDemand, leftover_value
 from tidal.placement.types import (
     GangRequest,
     GroupAssignment,
@@ -19,73 +31,197 @@ from tidal.placement.types import (
 )
 from tidal.topology.snapshot import ClusterSnapshot, OverbookedError
 
+WHOLE_DOMAIN_WEIGHT = 1.0
+"""Worth of an empty domain's GPUs for domain-sized groups, against 1.0 for all demanded sizes."""
 
-def plan_gang(snapshot: ClusterSnapshot, request: GangRequest) -> PlacementPlan | Unplaceable:
+
+def plan_gang(
+    snapshot: ClusterSnapshot, request: GangRequest, demand: GroupDemand | None = None
+) -> PlacementPlan | Unplaceable:
     """A full plan for the gang, or the reason it cannot be placed now (or ever). Never mutates."""
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
-    matching = [sn for sn in snapshot.supernodes.values() if sn.accelerator == request.accelerator]
-    if not matching:
+    if request.accelerator not in snapshot.accelerators():
         return Unplaceable(
             request,
             UnplaceableReason.NO_MATCHING_SUPERNODES,
             f"no supernode offers {request.accelerator}",
         )
-    slots: dict[str, int] = {}
-    capacity: dict[str, int] = {}
-    for sn in matching:
-        if not request.recovery and snapshot.largest_free_slice(sn.name) < request.group_gpus:
-            continue  # cannot hold a group whatever the pod layout
-        s = snapshot.pod_slots(sn.name, gpp, include_spares=request.recovery)
-        if s >= per_group:
-            slots[sn.name] = s
-            capacity[sn.name] = s // per_group
-    if sum(capacity.values()) < request.groups:
-        return diagnose(snapshot, request, capacity)
-    chosen = _choose_supernodes(snapshot, request, capacity, slots)
-    return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen)))
+    preferred = [
+        name
+        for name in dict.fromkeys(request.prefer_supernodes)
+        if name in snapshot.supernodes and snapshot.supernodes[name].accelerator == request.accelerator
+    ]
+    ordinary: dict[str, int] = {}
+    for name in snapshot.supernodes_with_free(request.accelerator, request.group_gpus):
+        groups = snapshot.pod_slots(name, gpp) // per_group
+        if groups:
+            ordinary[name] = groups
+    first = {name: snapshot.pod_slots(name, gpp, request.recovery) // per_group for name in preferred}
+    first = {name: groups for name, groups in first.items() if groups}
+    others = {name: groups for name, groups in ordinary.items() if name not in first}
+    spares: dict[str, int] = {}
+    if request.recovery and sum(first.values()) + sum(others.values()) < request.groups:
+        spares = _spare_capacity(snapshot, request, others, set(first))
+    if sum(first.values()) + sum(others.values()) + sum(spares.values()) < request.groups:
+        capacity_now = {**others, **first}
+        for name, extra in spares.items():
+            capacity_now[name] = capacity_now.get(name, 0) + extra
+        return diagnose(snapshot, request, capacity_now)
+
+    remaining = request.groups
+    chosen: dict[str, int] = {}
+    for name, groups in first.items():
+        take = min(groups, remaining)
+        if take:
+            chosen[name] = take
+            remaining -= take
+    sizes = _demanded_sizes(request, demand)
+    for tier in (others, spares):
+        if remaining:
+            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes):
+                chosen[name] = chosen.get(name, 0) + take
+                remaining -= take
+    return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen, set(first))))
+
+
+def _spare_capacity(
+    snapshot: ClusterSnapshot, request: GangRequest, ordinary: dict[str, int], preferred: set[str]
+) -> dict[str, int]:
+    """Groups that other supernodes' hot spares add to their ordinary free nodes (recovery only)."""
+    extra = {}
+    for name, sn in snapshot.supernodes.items():
+        if sn.accelerator != request.accelerator or name in preferred:
+            continue
+        groups = snapshot.pod_slots(name, request.gpus_per_pod, True) // request.pods_per_group
+        if groups > ordinary.get(name, 0):
+            extra[name] = groups - ordinary.get(name, 0)
+    return extra
+
+
+def _demanded_sizes(request: GangRequest, demand: GroupDemand | None) -> dict[int, float]:
+    """Normalized weights of the group sizes whose leftover counts; the request's own size always."""
+    sizes = dict(demand.sizes(request.accelerator)) if demand is not None else {}
+    if not sizes:
+        sizes = {request.group_gpus: 1.0}
+    total = sum(sizes.values())
+    return {size: weight / total for size, weight in sizes.items() if weight > 0}
 
 
 def _choose_supernodes(
-    snapshot: ClusterSnapshot, request: GangRequest, capacity: dict[str, int], slots: dict[str, int]
+    snapshot: ClusterSnapshot, request: GangRequest, capacity: dict[str, int], wanted: int, sizes: dict[int, float]
 ) -> list[tuple[str, int]]:
-    remaining = request.groups
-    chosen: list[tuple[str, int]] = []
-    for name in request.prefer_supernodes:
-        take = min(capacity.pop(name, 0), remaining)
-        if take:
-            chosen.append((name, take))
-            remaining -= take
+    """(supernode, groups) pairs for `wanted` groups: fewest blocks, then least leftover lost."""
     blocks: dict[str, list[str]] = defaultdict(list)
     block_capacity: dict[str, int] = defaultdict(int)
-    for name, cap in capacity.items():
+    for name, groups in capacity.items():
         block = snapshot.supernodes[name].block or ""
         blocks[block].append(name)
-        block_capacity[block] += cap
-    while remaining > 0:
-        fitting = [b for b, cap in block_capacity.items() if cap >= remaining]
+        block_capacity[block] += groups
+    remaining = wanted
+    chosen: list[tuple[str, int]] = []
+    while remaining > 0 and block_capacity:
+        fitting = [b for b, groups in block_capacity.items() if groups >= remaining]
         if fitting:
-            block = min(fitting, key=lambda b: (block_capacity[b], b))
-        else:
-            block = max(block_capacity, key=lambda b: (block_capacity[b], b))
-        for name in sorted(blocks.pop(block), key=lambda n: (slots[n], n)):
-            take = min(capacity[name], remaining)
-            chosen.append((name, take))
-            remaining -= take
-            if remaining == 0:
-                break
+            # One block suffices: the one whose leftover loses least, the fuller one on a tie. A
+            # single group never crosses the scale-out network, so every block competes for it.
+            best = None
+            scorer = _LeftoverScorer(request.group_gpus, sizes)
+            for b in fitting:
+                picks, lost = _least_leftover_lost(snapshot, scorer, {n: capacity[n] for n in blocks[b]}, remaining)
+                key = (round(lost, 6), block_capacity[b], b)
+                if best is None or key < best[0]:
+                    best = (key, picks)
+            assert best is not None
+            return chosen + best[1]
+        block = max(block_capacity, key=lambda b: (block_capacity[b], b))
+        members = sorted(blocks.pop(block))
         del block_capacity[block]
+        chosen += [(name, capacity[name]) for name in members]  # the largest block goes whole
+        remaining -= sum(capacity[name] for name in members)
     return chosen
 
 
+class _LeftoverScorer:
+    """Leftover value lost per group for k groups in a supernode, memoized on (free, whole, limit):
+    racks of one shape share few distinct free counts, so a call scores hundreds of racks cheaply."""
+
+    def __init__(self, group_gpus: int, sizes: dict[int, float]):
+        self.group = group_gpus
+        self.sizes = sizes
+        self._memo: dict[tuple[int, int, int], tuple[float, int, int]] = {}
+
+    def value(self, free: int, whole: int) -> float:
+        worth = leftover_value(free, self.sizes)
+        if free == whole:
+            worth += WHOLE_DOMAIN_WEIGHT * free  # an empty domain is worth more than its sizes
+        return worth
+
+    def loss(self, free: int, whole: int, groups: int) -> float:
+        return self.value(free, whole) - self.value(free - groups * self.group, whole)
+
+    def best_step(self, free: int, whole: int, limit: int) -> tuple[float, int, int]:
+        """(loss per group, -k, GPUs left) of the best k in 1..limit: lower is better."""
+        key = (free, whole, limit)
+        if key not in self._memo:
+            self._memo[key] = min(
+                (round(self.loss(free, whole, k) / k, 9), -k, free - k * self.group)
+                for k in range(1, limit + 1)
+            )
+        return self._memo[key]
+
+
+def _least_leftover_lost(
+    snapshot: ClusterSnapshot, scorer: _LeftoverScorer, capacity: dict[str, int], wanted: int
+) -> tuple[list[tuple[str, int]], float]:
+    """Greedy on leftover value lost per group placed; ties: more groups in one place, then tighter.
+
+    Greedy alone is myopic (two 36-GPU holes look cheaper per group than an empty 72-GPU rack,
+    until the third group breaks that rack anyway), so putting all groups into one supernode is
+    compared with the greedy picks by total loss. Returns the picks and the value they lose.
+    """
+    free = {name: snapshot.largest_free_slice(name) for name in capacity}
+    whole = {name: snapshot.domain_gpus(name) for name in capacity}
+    singles = [
+        (round(scorer.loss(free[name], whole[name], wanted), 9), free[name], name)
+        for name, groups in capacity.items()
+        if groups >= wanted
+    ]
+    capacity = dict(capacity)
+    chosen: dict[str, int] = {}
+    remaining = wanted
+    lost = 0.0
+    while remaining > 0:
+        best = min(
+            (*scorer.best_step(free[name], whole[name], min(groups, remaining)), name)
+            for name, groups in capacity.items()
+        )
+        per_group, minus_k, _, name = best
+        k = -minus_k
+        lost += per_group * k
+        chosen[name] = chosen.get(name, 0) + k
+        capacity[name] -= k
+        free[name] -= k * scorer.group
+        if not capacity[name]:
+            del capacity[name]
+        remaining -= k
+    if singles and len(chosen) > 1:
+        single_lost, _, name = min(singles)
+        if single_lost <= round(lost, 9):
+            return [(name, wanted)], single_lost
+    return list(chosen.items()), lost
+
+
 def _assign_nodes(
-    snapshot: ClusterSnapshot, request: GangRequest, chosen: list[tuple[str, int]]
+    snapshot: ClusterSnapshot, request: GangRequest, chosen: dict[str, int], preferred: set[str]
 ) -> list[GroupAssignment]:
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
     groups: list[GroupAssignment] = []
-    for supernode, count in chosen:
+    for supernode, count in chosen.items():
         members = [n for n in snapshot.member_nodes(supernode) if n.free >= gpp and (request.recovery or not n.spare)]
-        # Recovery goes to hot spares first; otherwise fill the fullest nodes first.
-        members.sort(key=lambda n: (not n.spare, n.free, n.name) if request.recovery else (n.free, n.name))
+        if request.recovery and supernode in preferred:
+            members.sort(key=lambda n: (not n.spare, n.free, n.name))  # the rack's hot spares exist for this
+        else:
+            members.sort(key=lambda n: (n.spare, n.free, n.name))  # fullest first; others' spares last
         pod_slots = [n.name for n in members for _ in range(n.free // gpp)]
         for i in range(count):
             nodes = tuple(pod_slots[i * per_group : (i + 1) * per_group])
@@ -93,15 +229,13 @@ def _assign_nodes(
     return groups
 
 
-_EMPTY_CACHE: dict[tuple, tuple[int, int, int]] = {}
-
-
 def _if_empty(snapshot: ClusterSnapshot, request: GangRequest) -> tuple[int, int, int]:
     """(largest node, largest supernode in pods, groups an empty cluster holds); cached per shape."""
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
-    key = (id(snapshot), snapshot.shape_version, request.accelerator, gpp, per_group, request.recovery)
-    if key in _EMPTY_CACHE:
-        return _EMPTY_CACHE[key]
+    key = (snapshot.shape_version, request.accelerator, gpp, per_group, request.recovery)
+    cache = snapshot.empty_cluster_cache
+    if key in cache:
+        return cache[key]
     largest_node = groups_if_empty = largest_domain_pods = 0
     for sn in snapshot.supernodes.values():
         if sn.accelerator != request.accelerator:
@@ -113,10 +247,10 @@ def _if_empty(snapshot: ClusterSnapshot, request: GangRequest) -> tuple[int, int
                 pods += node.gpus // gpp
         largest_domain_pods = max(largest_domain_pods, pods)
         groups_if_empty += pods // per_group
-    if len(_EMPTY_CACHE) > 4096:
-        _EMPTY_CACHE.clear()
-    _EMPTY_CACHE[key] = (largest_node, largest_domain_pods, groups_if_empty)
-    return _EMPTY_CACHE[key]
+    if len(cache) > 256:
+        cache.clear()
+    cache[key] = (largest_node, largest_domain_pods, groups_if_empty)
+    return cache[key]
 
 
 def diagnose(snapshot: ClusterSnapshot, request: GangRequest, capacity_now: dict[str, int]) -> Unplaceable:

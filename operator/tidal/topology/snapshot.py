@@ -59,6 +59,13 @@ class ClusterSnapshot:
         # Free GPUs per supernode (usable, non-spare nodes), kept with the histograms: a quick
         # test before counting pod slots.
         self._free_total: dict[str, int] = {}
+        # accelerator -> free GPUs -> supernodes with exactly that many: the planners visit only
+        # supernodes that can hold a group, which at ~99% allocation is a small share of 25,000.
+        self._free_buckets: dict[str, dict[int, set[str]]] = {}
+        # "What fits an empty cluster", per request shape; valid while shape_version holds. Kept on
+        # the snapshot so no other snapshot can ever read it (an id() key could be reused).
+        self.empty_cluster_cache: dict[tuple, tuple[int, int, int]] = {}
+        self._domain_cache: dict[tuple, int] = {}
         # Bumped when capacity (not allocation) changes; caches of "what fits an empty cluster" use it.
         self.shape_version = 0
         for sn in supernodes:
@@ -76,6 +83,7 @@ class ClusterSnapshot:
         self._free_hist[sn.name] = Counter()
         self._spare_hist[sn.name] = Counter()
         self._free_total[sn.name] = 0
+        self._bucket(sn.name, 0, +1)
         self.shape_version += 1
         for name in members:
             if name in self.nodes:
@@ -106,8 +114,21 @@ class ClusterSnapshot:
         counter[free] += delta
         if counter[free] == 0:
             del counter[free]
-        if not node.spare:
-            self._free_total[node.supernode] += delta * free
+        if not node.spare and free:
+            before = self._free_total[node.supernode]
+            self._bucket(node.supernode, before, -1)
+            self._free_total[node.supernode] = before + delta * free
+            self._bucket(node.supernode, before + delta * free, +1)
+
+    def _bucket(self, supernode: str, free: int, delta: int) -> None:
+        buckets = self._free_buckets.setdefault(self.supernodes[supernode].accelerator, {})
+        if delta > 0:
+            buckets.setdefault(free, set()).add(supernode)
+        else:
+            members = buckets[free]
+            members.discard(supernode)
+            if not members:
+                del buckets[free]
 
     def update_node(self, name: str, **changes: object) -> None:
         """Change ready/cordoned/spare/gpus/allocated of a node, keeping the histograms right."""
@@ -145,6 +166,9 @@ class ClusterSnapshot:
         clone._free_hist = {k: Counter(v) for k, v in self._free_hist.items()}
         clone._spare_hist = {k: Counter(v) for k, v in self._spare_hist.items()}
         clone._free_total = dict(self._free_total)
+        clone._free_buckets = {a: {f: set(m) for f, m in b.items()} for a, b in self._free_buckets.items()}
+        clone.empty_cluster_cache = dict(self.empty_cluster_cache)
+        clone._domain_cache = dict(self._domain_cache)
         clone.shape_version = self.shape_version
         return clone
 
@@ -155,6 +179,24 @@ class ClusterSnapshot:
         if include_spares:
             slots += sum(n * (free // gpus_per_pod) for free, n in self._spare_hist[supernode].items())
         return slots
+
+    def supernodes_with_free(self, accelerator: str, at_least: int) -> list[str]:
+        """Supernodes of the accelerator with >= at_least free non-spare GPUs, without a full scan."""
+        buckets = self._free_buckets.get(accelerator, {})
+        return [name for free, members in buckets.items() if free >= at_least for name in members]
+
+    def domain_gpus(self, supernode: str) -> int:
+        """GPUs of the supernode's non-spare nodes: its free count when whole and healthy."""
+        key = ("domain", supernode, self.shape_version)
+        cached = self._domain_cache.get(key)
+        if cached is None:
+            if len(self._domain_cache) > 100_000:
+                self._domain_cache.clear()
+            cached = self._domain_cache[key] = sum(n.gpus for n in self.member_nodes(supernode) if not n.spare)
+        return cached
+
+    def accelerators(self) -> set[str]:
+        return set(self._free_buckets)
 
     def member_nodes(self, supernode: str) -> Iterator[NodeState]:
         for name in self.supernodes[supernode].nodes:

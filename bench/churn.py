@@ -1,0 +1,201 @@
+"""Churn: gangs arrive and leave on a cluster held near full; how many does each planner refuse?
+
+    python -m bench.churn [--json] [--seeds 1 2 3] [--gpus 10368] [--jobs 4000]
+
+Jobs of the calibrated mix (`tidal.placement.workload_mix`, shapes up to 1/8 of the cluster)
+arrive as a Poisson stream whose offered load is `load` x the cluster, run for an exponential
+time, and wait in one queue tried in arrival order with backfill at every arrival and departure.
+A job still pending after `patience` is refused. The same arrival stream is given to:
+
+- tidal: `plan_gang` with the leftover valued for the pending queue's and recent arrivals' group
+  sizes;
+- constrained first-fit: every group inside one supernode, supernodes and nodes in name order
+  (what Kueue TAS required rack slices or Slurm's block plugin give);
+- first-fit: gang-aware, topology-unaware first-fit (groups may be split across racks; such a
+  job's GPUs are busy but not useful, and the split groups are counted).
+
+Stranded GPUs: free GPUs no pending group size can use (time average over the measured window,
+0 while nothing waits). Measured after the first `warmup` share of arrivals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tidal.placement import (
+    GangRequest,
+    PlacementPlan,
+    apply_plan,
+    plan_constrained_first_fit,
+    plan_first_fit,
+    plan_gang,
+    release_plan,
+    split_groups,
+)
+from tidal.placement.leftover import GroupDemand, stranded_gpus
+from tidal.placement.workload_mix import TRAINING_MIX, JobShape
+from tidal.topology import ClusterSnapshot, fleet_for_gpus, snapshot_from_fleet
+
+LARGE_GANG_GPUS = 256
+QUEUE_WEIGHT = 4.0
+"""A queued job's group size counts four times an arrival's: it is waiting now."""
+HISTORY_DECAY = 0.98
+"""Per arrival: the history of group sizes forgets half of itself over ~35 arrivals."""
+
+
+@dataclass
+class Job:
+    index: int
+    arrival: float
+    duration: float
+    shape: JobShape
+
+    def request(self) -> GangRequest:
+        s = self.shape
+        return GangRequest(f"job-{self.index}", s.groups, s.group_gpus, s.gpus_per_pod)
+
+
+def arrivals(seed: int, cluster_gpus: int, jobs: int, load: float) -> list[Job]:
+    rng = random.Random(seed)
+    mix = tuple(s for s in TRAINING_MIX if s.gpus <= cluster_gpus // 8)
+    weights = [s.weight for s in mix]
+    mean_gpus = sum(s.gpus * w for s, w in zip(mix, weights, strict=True)) / sum(weights)
+    mean_duration = 4 * 3600.0
+    rate = load * cluster_gpus / (mean_gpus * mean_duration)
+    t, out = 0.0, []
+    for i in range(jobs):
+        t += rng.expovariate(rate)
+        out.append(Job(i, t, rng.expovariate(1 / mean_duration), rng.choices(mix, weights)[0]))
+    return out
+
+
+Planner = Callable[[ClusterSnapshot, GangRequest, GroupDemand], object]
+
+PLANNERS: dict[str, Planner] = {
+    "tidal": plan_gang,
+    "constrained_first_fit": lambda snap, req, _demand: plan_constrained_first_fit(snap, req),
+    "first_fit": lambda snap, req, _demand: plan_first_fit(snap, req),
+}
+
+
+def run_churn(
+    planner: str,
+    seed: int,
+    cluster_gpus: int = 10_368,
+    jobs: int = 4000,
+    load: float = 1.2,
+    patience: float = 6 * 3600.0,
+    warmup: float = 0.2,
+    shape: str = "nvl72",
+) -> dict[str, float]:
+    plan = PLANNERS[planner]
+    snapshot = snapshot_from_fleet(fleet_for_gpus(shape, cluster_gpus))
+    stream = arrivals(seed, snapshot.total_gpus(), jobs, load)
+    start = stream[int(warmup * len(stream))].arrival
+    end = stream[-1].arrival
+    events: list[tuple[float, int, int]] = [(job.arrival, 1, job.index) for job in stream]
+    heapq.heapify(events)
+    running: dict[int, PlacementPlan] = {}
+    queue: dict[int, Job] = {}
+    history = GroupDemand()
+    refused = refused_gpus = splits = 0
+    waits_large: list[float] = []
+    stranded_area = busy_area = 0.0
+    last = 0.0
+    accelerator = next(iter(snapshot.supernodes.values())).accelerator
+    while events:
+        now, kind, index = heapq.heappop(events)
+        if now > end:
+            break
+        if now > start:
+            span = now - max(last, start)
+            stranded_area += span * _stranded(snapshot, queue.values())
+            busy_area += span * snapshot.allocated_gpus()
+        last = now
+        if kind == 0:
+            release_plan(snapshot, running.pop(index))
+        else:
+            job = stream[index]
+            queue[index] = job
+            history.decay(HISTORY_DECAY)
+            history.observe(accelerator, job.shape.group_gpus)
+        for job in list(queue.values()):
+            if now - job.arrival > patience:
+                del queue[job.index]
+                if job.arrival >= start:
+                    refused += 1
+                    refused_gpus += job.shape.gpus
+        demand = GroupDemand()
+        for job in queue.values():
+            demand.observe(accelerator, job.shape.group_gpus, QUEUE_WEIGHT)
+        demand = demand.merged(history)
+        # Capacity only grows at a departure: an arrival can only place itself (Kueue retries
+        # queue heads on capacity changes for the same reason).
+        candidates = list(queue.values()) if kind == 0 else [stream[index]]
+        for job in candidates:
+            if job.index not in queue:
+                continue
+            result = plan(snapshot, job.request(), demand)
+            if not isinstance(result, PlacementPlan):
+                continue
+            apply_plan(snapshot, result)
+            running[job.index] = result
+            del queue[job.index]
+            if job.arrival >= start:
+                splits += split_groups(snapshot, result)
+                if job.shape.gpus >= LARGE_GANG_GPUS:
+                    waits_large.append(now - job.arrival)
+            heapq.heappush(events, (now + job.duration, 0, job.index))
+    window = max(end - start, 1.0)
+    return {
+        "refused_jobs": refused,
+        "refused_gpus": refused_gpus,
+        "stranded_gpus": round(stranded_area / window, 1),
+        "allocated_share": round(busy_area / window / snapshot.total_gpus(), 4),
+        "large_gang_mean_pending_s": round(statistics.fmean(waits_large), 1) if waits_large else 0.0,
+        "split_groups": splits,
+    }
+
+
+def _stranded(snapshot: ClusterSnapshot, pending: object) -> int:
+    sizes = {job.shape.group_gpus for job in pending}  # type: ignore[attr-defined]
+    if not sizes:
+        return 0
+    return sum(stranded_gpus(free, sizes) for free, _ in _free_per_supernode(snapshot))
+
+
+def _free_per_supernode(snapshot: ClusterSnapshot) -> list[tuple[int, str]]:
+    return [(snapshot.largest_free_slice(name), name) for name in snapshot.supernodes]
+
+
+def run(seeds: list[int], cluster_gpus: int, jobs: int, load: float) -> dict[str, object]:
+    per_planner = {name: [run_churn(name, s, cluster_gpus, jobs, load) for s in seeds] for name in PLANNERS}
+    out: dict[str, object] = {"churn_seeds": seeds, "churn_cluster_gpus": cluster_gpus, "churn_jobs": jobs}
+    out["churn_offered_load"] = load
+    suffix = {"tidal": "", "constrained_first_fit": "_constrained_first_fit", "first_fit": "_first_fit"}
+    for name, runs in per_planner.items():
+        for field in runs[0]:
+            out[f"churn_{field}{suffix[name]}"] = [r[field] for r in runs]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--gpus", type=int, default=10_368)
+    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--load", type=float, default=1.2)
+    args = parser.parse_args()
+    result = run(args.seeds, args.gpus, args.jobs, args.load)
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
