@@ -13,7 +13,7 @@ from tidal.clock import parse_time
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.state import ResourceView
-from tidal.k8s.status import set_condition
+from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
     groups_of_replicas,
     holds_gpus,
@@ -115,12 +115,35 @@ def without_evictions_in_flight(
 def admit_queued(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> None:
     queue = sorted((item for item in statuses.values() if is_queued(*item)), key=queue_order)
     for view, status in queue:
+        mark = retry_mark(cyc, view, status)
+        if cyc.pending_memo.get(view.uid) == mark:
+            cyc.count("queue_skipped")  # nothing that could change its answer has moved
+            continue
         new_status = _try_admit(cyc, view, status, statuses)
         statuses[view.uid] = (view, new_status)
         if holds_gpus(new_status):
+            cyc.pending_memo.pop(view.uid, None)
             new_status = reconcile_placed(cyc, view, new_status)
             statuses[view.uid] = (view, new_status)
+        elif _schedulable_reason(new_status) == "WaitingForPreemption":
+            cyc.pending_memo.pop(view.uid, None)  # re-planned every cycle: it reserves its nodes
+        else:
+            cyc.pending_memo[view.uid] = mark
         cyc.writer.write(view, new_status)
+
+
+def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
+    """What a queued job's answer depends on besides itself: it is tried again only when this
+    moves (free GPUs went up somewhere, a lower-priority preemptible gang grew, an eviction
+    started) or the job changed (spec generation, phase)."""
+    priority = int(view.spec.get("priority", 0))
+    victims = sum(n for p, n in cyc.victims_added.items() if p < priority)
+    return (view.generation, status.get("phase", ""), cyc.snapshot.capacity_version, victims, cyc.evictions_started)
+
+
+def _schedulable_reason(status: dict[str, Any]) -> str | None:
+    cond = condition(status.get("conditions", []), "Schedulable")
+    return cond.get("reason") if cond and cond.get("status") == "False" else None
 
 
 def _try_admit(
@@ -178,6 +201,10 @@ def _admitted(
 
 
 def _pending(cyc: Cycle, view: ResourceView, status: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+    """Written (and a Warning event sent) when the reason's kind changes, not when its numbers do:
+    a thousand queued jobs must not rewrite their statuses whenever free capacity moves."""
+    if _schedulable_reason(status) == reason and status.get("reason"):
+        return status
     if status.get("reason") != message:
         cyc.event(view, reason, message, warning=True)
     conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, message, cyc.stamp)
