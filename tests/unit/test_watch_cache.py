@@ -105,7 +105,7 @@ def test_snapshot_patched_in_place_equals_a_full_rebuild():
     job(cluster, "c", 9)  # does not fit
     controller = Controller(cluster, FixedClock(NOW))
     run(cluster, controller, cycles=4)
-    lost = cluster.get("TrainingJob", "ml", "a").status["placement"][0]["nodes"][0]
+    lost = cluster.status("TrainingJob", "ml", "a")["placement"][0]["nodes"][0]
     cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
     run(cluster, controller, cycles=3)
     rebuilds = controller.keeper.rebuilds
@@ -135,7 +135,7 @@ def test_settled_jobs_are_not_reconciled_until_their_pods_move():
     job(cluster, "a", 2)
     controller = Controller(cluster, FixedClock(NOW))
     run(cluster, controller, cycles=4)
-    assert cluster.get("TrainingJob", "ml", "a").status["phase"] == "Running"
+    assert cluster.status("TrainingJob", "ml", "a")["phase"] == "Running"
     cluster.calls.clear()
     run(cluster, controller, cycles=1)
     assert controller.last_report.cycle.counters.get("reconciles_skipped") == 1
@@ -163,7 +163,7 @@ def test_queued_job_retried_only_when_capacity_goes_up_and_written_only_when_its
     run(cluster, controller, cycles=2)
     job(cluster, "big", 8)  # needs every group the cluster holds
     run(cluster, controller, cycles=1)
-    big = cluster.get("TrainingJob", "ml", "big").status
+    big = cluster.status("TrainingJob", "ml", "big")
     assert big["phase"] == "Pending" and "InsufficientFreeCapacity" in {c["reason"] for c in big["conditions"]}
     assert len([d for v, d in cluster.calls if v == "event" and d[0] == "big"]) == 1
 
@@ -178,10 +178,10 @@ def test_queued_job_retried_only_when_capacity_goes_up_and_written_only_when_its
     cluster.calls.clear()
     run(cluster, controller, cycles=1)
     assert controller.last_report.cycle.placements_ms, "retried after capacity went up"
-    assert cluster.get("TrainingJob", "ml", "big").status["phase"] == "Pending"
+    assert cluster.status("TrainingJob", "ml", "big")["phase"] == "Pending"
     assert not [d for v, d in cluster.calls if d and d[0] == "big" and v in ("patch_status", "event")]
-    assert cluster.get("TrainingJob", "ml", "big").status["reason"] == big["reason"], "numbers kept"
+    assert cluster.status("TrainingJob", "ml", "big")["reason"] == big["reason"], "numbers kept"
 
     finish(cluster, "small")
     run(cluster, controller, cycles=2)
-    assert cluster.get("TrainingJob", "ml", "big").status["phase"] in ("Admitted", "Running")
+    assert cluster.status("TrainingJob", "ml", "big")["phase"] in ("Admitted", "Running")

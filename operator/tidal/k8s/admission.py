@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from tidal.clock import parse_time
+from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.state import ResourceView
@@ -166,6 +167,15 @@ def _try_admit(
         plan = plan_gang(cyc.snapshot, request_for(view, shape, recovery))
         cyc.placements_ms.append((time.perf_counter() - started) * 1000)
         if isinstance(plan, PlacementPlan):
+            if not compact.fits(compact.encode(placement_of(plan))):
+                return _pending(
+                    cyc,
+                    view,
+                    status,
+                    "PlacementTooLarge",
+                    f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
+                    f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
+                )
             return _admitted(cyc, view, status, shape, plan)
         misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
