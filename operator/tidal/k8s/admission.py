@@ -230,8 +230,11 @@ def _preempt_or_wait(
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     request = request_for(view, shape, status["phase"] == "Restarting")
-    scratch = without_evictions_in_flight(cyc, statuses)
-    result = plan_preemption(scratch, request, running_gangs(cyc, statuses))
+    gangs, scratch = _preemption_inputs(cyc, statuses)
+    if not any(g.preemptible and g.priority < request.priority for g in gangs):
+        # Nobody it may preempt: skip the planner (and its snapshot copy) altogether.
+        return _pending(cyc, view, status, miss.reason.value, miss.message)
+    result = plan_preemption(scratch, request, gangs)
     if not isinstance(result, PreemptionPlan):
         return _pending(cyc, view, status, miss.reason.value, miss.message)
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
@@ -257,6 +260,19 @@ def _preempt_or_wait(
     ]
     message = f"waiting for {len(waiting)} preempted job(s) to checkpoint and release GPUs: {', '.join(waiting)}"
     return _pending(cyc, view, status, "WaitingForPreemption", message)
+
+
+def _preemption_inputs(
+    cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+) -> tuple[list[RunningGang], ClusterSnapshot]:
+    """Running gangs and the snapshot without evictions in flight, built once per cycle and again
+    only after the snapshot or the set of evictions changed (both walk every placed pod)."""
+    key = (cyc.snapshot_mutations(), cyc.counters.get("preemptions", 0), cyc.counters.get("admitted", 0))
+    cached = cyc.scratch.get("preemption")
+    if cached is None or cached[0] != key:
+        cached = (key, running_gangs(cyc, statuses), without_evictions_in_flight(cyc, statuses))
+        cyc.scratch["preemption"] = cached
+    return cached[1], cached[2]
 
 
 def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:

@@ -63,6 +63,12 @@ class Cycle:
         self.deleted_uids.add(pod.uid)
         self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
 
+    scratch: dict[str, Any] = field(default_factory=dict)
+    """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
+
+    def snapshot_mutations(self) -> int:
+        return getattr(self.snapshot, "mutations", -1)
+
     @property
     def actions(self) -> int:
         """Pod actions queued so far: a reconcile that queued none changed nothing outside."""

@@ -225,12 +225,14 @@ class JournaledSnapshot(ClusterSnapshot):
         self.rebuilt = True
         """Built from scratch for this cycle (every node is new)."""
         self.capacity_version = 0
+        self.mutations = 0
         super().__init__(supernodes, nodes)
 
     def update_node(self, name: str, **changes: object) -> None:
         node = self.nodes[name]
         before = node.free
         super().update_node(name, **changes)
+        self.mutations += 1
         self.touched.add(name)
         if node.free > before:
             self.capacity_version += 1
