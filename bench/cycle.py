@@ -10,7 +10,7 @@ recorded and fed back as the watch event it would cause (pods bind and run at on
 
 Measured: steady cycles with churn (each cycle 200 pod updates and a node label change; every
 10th cycle a node fails; every 15th a placed job finishes, freeing GPUs so the queue is tried
-again) -> cycle_p50_ms / cycle_p99_ms; then 16 placed jobs finish and a 16,384-GPU gang (tp=8,
+again) -> cycle_p50_ms / cycle_p99_ms; then 19 placed jobs finish and a 16,384-GPU gang (tp=8,
 ep=8, pp=4, dp=64, 4 GPUs per pod) is submitted in the same batch of events -> admit_16k_gang_ms
 (the whole cycle that admits it: releases, the queue tried again, plan, status, 4,096 pod
 manifests). peak_rss_mb is the process's VmHWM after that.
@@ -289,9 +289,10 @@ def run(fleet: str, gpus: int, pods: int, queued: int, pools: int, cycles: int, 
             controller.cycle()
         times.append((time.perf_counter() - t) * 1000)
     steady_requests = api.total_requests - requests_before
-    # Room for a 16,384-GPU gang (16 placed jobs finish) and the gang, in one batch of events:
+    # Room for a 16,384-GPU gang (19 placed jobs finish: 256 racks with 64 free GPUs; a rack of 72
+    # holds one group of 64) and the gang, in one batch of events:
     # the highest priority in the queue, it is admitted in the cycle that sees the room.
-    for _ in range(16):
+    for _ in range(19):
         if job_keys:
             _finish(controller, api, job_keys.pop())
     big = resource("TrainingJob", "ml", "big-gang", job_spec(8, 8, 4, big_dp, 4, priority=100))

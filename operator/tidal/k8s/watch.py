@@ -55,6 +55,7 @@ class WatchCache:
         self.dirty_owners: set[OwnerKey] = set()
         self.dirty_nodes: set[str] = set()
         self._members: dict[str, Membership] | None = None
+        self._last_members: dict[str, Membership] | None = None
         self.membership_version = 0
         self._events: collections.deque[tuple[str, Any, Any]] = collections.deque()
 
@@ -123,8 +124,23 @@ class WatchCache:
             if old is None or old.labels.get(k) != v:
                 self._label_index.setdefault(k, {}).setdefault(v, set()).add(name)
         self.nodes[name] = view
-        if old is None or old.labels != view.labels or old.ready != view.ready:
+        if old is None or self._moves_membership(old, view):
             self._members = None  # membership (or the spare choice) may move
+
+    def _moves_membership(self, old: NodeView, new: NodeView) -> bool:
+        """Only labels some selector (or the block/spare rules) reads, or readiness when a
+        Supernode chooses spares by count; a label nobody selects on changes nothing."""
+        if old.ready != new.ready and any(
+            (sn.spec.get("spares") or {}).get("count") for sn in self.supernodes.values()
+        ):
+            return True
+        if old.labels == new.labels:
+            return False
+        changed = {k for k in old.labels.keys() | new.labels.keys() if old.labels.get(k) != new.labels.get(k)}
+        keys = {self.supernode_label, labels.BLOCK, labels.SPARE}
+        for sn in self.supernodes.values():
+            keys.update((sn.spec.get("nodeSelector") or {}).keys())
+        return bool(changed & keys)
 
     def nodes_with(self, selector: dict[str, str]) -> set[str]:
         """Nodes carrying every label of the selector, from the index (no scan)."""
@@ -204,8 +220,9 @@ class WatchCache:
                 members = tuple(sorted(self.nodes_with(selector) - claimed))
                 claimed.update(members)
                 result[name] = membership_of(name, sn.spec, members, self.nodes)
-            self._members = result
-            self.membership_version += 1
+            if result != self._last_members:  # recomputed to the same answer: the snapshot stays
+                self.membership_version += 1
+            self._members = self._last_members = result
         return self._members
 
     def take_dirty(self) -> tuple[set[OwnerKey], set[str]]:
