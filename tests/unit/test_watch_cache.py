@@ -185,3 +185,14 @@ def test_queued_job_retried_only_when_capacity_goes_up_and_written_only_when_its
     finish(cluster, "small")
     run(cluster, controller, cycles=2)
     assert cluster.status("TrainingJob", "ml", "big")["phase"] in ("Admitted", "Running")
+
+
+def test_a_label_no_selector_reads_does_not_touch_membership_or_the_snapshot():
+    cluster = FakeCluster("nvl72", 2)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=1)
+    version, rebuilds = controller.cache.membership_version, controller.keeper.rebuilds
+    view = cluster.nodes["nvl72-0000-n01"]
+    cluster.nodes["nvl72-0000-n01"] = dataclasses.replace(view, labels={**view.labels, "team": "a"})
+    run(cluster, controller, cycles=1)
+    assert (controller.cache.membership_version, controller.keeper.rebuilds) == (version, rebuilds)
