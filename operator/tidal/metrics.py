@@ -1,15 +1,23 @@
-"""Prometheus metrics, refreshed after every controller cycle from what the cycle saw and did.
+"""Prometheus metrics.
 
-Gauges describe the cluster as of the last cycle; counters and histograms accumulate events.
+Gauges (supernode GPUs, fragmentation, workload classes and phases, pending reasons, over-booking,
+HBD violations) are computed at scrape time by a custom collector over the controller's cache and
+snapshot, never inside the cycle: a cycle at 25,000 nodes and 100,000 pods must not also walk them
+for metrics. The collector takes the controller's lock (a scrape waits for a running cycle to end;
+a cycle that finds a scrape running skips that tick). Counters and histograms of things that
+happened (placements, preemptions, restarts, moves, cycle durations) are fed after each cycle from
+the cycle's own short lists.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client import Counter as PromCounter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tidal.clock import parse_time
 from tidal.k8s.pools import pool_allocations
@@ -17,7 +25,6 @@ from tidal.k8s.training import allocations
 
 if TYPE_CHECKING:
     from tidal.k8s.controller import Controller, CycleReport
-    from tidal.k8s.state import ClusterState
 
 MOVES = (
     ("to-inference", "free"),
@@ -39,30 +46,13 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
 
 
+SCRAPE_LOCK_SECONDS = 5.0
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.supernode_gpus = Gauge(
-            "tidal_supernode_gpus", "Accelerators of a supernode by state", ["supernode", "state"], registry=r
-        )
-        self.largest_free_slice = Gauge(
-            "tidal_supernode_largest_free_slice_gpus",
-            "Free accelerators one HBD group could use in the supernode",
-            ["supernode"],
-            registry=r,
-        )
-        self.supernode_fragmentation = Gauge(
-            "tidal_supernode_fragmentation_ratio",
-            "Share of the supernode's free accelerators that sit on partly used nodes",
-            ["supernode"],
-            registry=r,
-        )
-        self.fragmentation = Gauge(
-            "tidal_fragmentation_ratio", "1 - (largest free slice / all free accelerators), cluster-wide", registry=r
-        )
-        self.gpus = Gauge("tidal_gpus", "Accelerators in supernodes by workload class", ["class"], registry=r)
-        self.jobs = Gauge("tidal_jobs", "tidal workloads by kind and phase", ["kind", "phase"], registry=r)
         self.placement = Histogram(
             "tidal_placement_duration_seconds", "Time to plan one gang", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -71,9 +61,6 @@ class Metrics:
             "Time a workload waited before admission",
             buckets=WAIT_BUCKETS,
             registry=r,
-        )
-        self.oldest_pending = Gauge(
-            "tidal_oldest_pending_seconds", "Age of the longest-waiting pending job", registry=r
         )
         self.preemptions = PromCounter(
             "tidal_preemptions_total", "Gangs or DP replicas chosen for eviction", ["reason"], registry=r
@@ -84,18 +71,7 @@ class Metrics:
         self.checkpoint_wait = Histogram(
             "tidal_checkpoint_wait_seconds", "From checkpoint request to eviction", buckets=WAIT_BUCKETS, registry=r
         )
-        self.hbd_violations = PromCounter(
-            "tidal_hbd_violations_total",
-            "HBD groups seen running across more than one supernode (must stay 0)",
-            registry=r,
-        )
         self.restarts = PromCounter("tidal_restarts_total", "Workload restarts after failures", registry=r)
-        self.overbooked = Gauge(
-            "tidal_overbooked_gpus", "Accelerators booked beyond node capacity (must be 0)", registry=r
-        )
-        self.api_requests = Gauge(
-            "tidal_api_requests", "API requests made by the operator since start", ["verb"], registry=r
-        )
         self.cycle = Histogram(
             "tidal_cycle_duration_seconds",
             "Duration of one controller cycle",
@@ -103,29 +79,27 @@ class Metrics:
             registry=r,
         )
         self.cycles = PromCounter("tidal_cycles_total", "Controller cycles run", registry=r)
-        self.pending_jobs = Gauge(
-            "tidal_pending_jobs", "Pending TrainingJobs by the reason they wait", ["reason"], registry=r
-        )
-        self._violating: set[tuple[str, str, int]] = set()
         # Every known series exists from the start, so dashboards and alerts see 0, not "no data".
         for direction, reason in MOVES:
             self.rebalance_moves.labels(direction=direction, reason=reason)
         self.preemptions.labels(reason="priority")
-        for reason in PENDING_REASONS:
-            self.pending_jobs.labels(reason=reason)
+        self.collector = ClusterCollector()
+        r.register(self.collector)
+
+    def attach(self, controller: Controller) -> None:
+        self.collector.controller = controller
+        controller.listeners.append(self.observe)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
 
-    # -- per cycle --------------------------------------------------------------------------
-    def observe(self, controller: Controller, state: ClusterState, report: CycleReport) -> None:
+    # -- per cycle: only what the cycle itself recorded ---------------------------------------
+    def observe(self, controller: Controller, report: CycleReport) -> None:
         cyc = report.cycle
         if cyc is None:
             return
-        snapshot = cyc.snapshot
         self.cycles.inc()
         self.cycle.observe(report.seconds)
-        self.overbooked.set(report.overbooked_gpus)
         for ms in cyc.placements_ms:
             self.placement.observe(ms / 1000)
         for waited in cyc.pending_waits:
@@ -140,11 +114,102 @@ class Metrics:
             elif key.startswith("moves:"):
                 _, direction, reason = key.split(":", 2)
                 self.rebalance_moves.labels(direction=direction, reason=reason).inc(n)
-        for verb, n in controller.api.requests.items():
-            self.api_requests.labels(verb=verb).set(n)
 
-        total_free = 0
-        largest = 0
+
+class ClusterCollector:
+    """The cluster gauges, computed from the controller's cache and snapshot when scraped."""
+
+    NAMES = (
+        "tidal_supernode_gpus",
+        "tidal_supernode_largest_free_slice_gpus",
+        "tidal_supernode_fragmentation_ratio",
+        "tidal_fragmentation_ratio",
+        "tidal_gpus",
+        "tidal_jobs",
+        "tidal_oldest_pending_seconds",
+        "tidal_hbd_violations",
+        "tidal_overbooked_gpus",
+        "tidal_api_requests",
+        "tidal_pending_jobs",
+    )
+
+    def __init__(self, controller: Controller | None = None):
+        self.controller = controller
+        self._violating: set[tuple[str, str, int]] = set()
+        self._last: list[Metric] | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        controller = self.controller
+        if controller is None:
+            return iter(self._families(None))
+        if not controller.lock.acquire(timeout=SCRAPE_LOCK_SECONDS):
+            # A cycle longer than the scrape's patience: serve the previous scrape's values.
+            return iter(self._last if self._last is not None else self._families(None))
+        try:
+            self._last = self._families(controller)
+        finally:
+            controller.lock.release()
+        return iter(self._last)
+
+    def _families(self, controller: Controller | None) -> list[Metric]:
+        sn_gpus = GaugeMetricFamily(
+            "tidal_supernode_gpus", "Accelerators of a supernode by state", labels=["supernode", "state"]
+        )
+        largest_slice = GaugeMetricFamily(
+            "tidal_supernode_largest_free_slice_gpus",
+            "Free accelerators one HBD group could use in the supernode",
+            labels=["supernode"],
+        )
+        sn_frag = GaugeMetricFamily(
+            "tidal_supernode_fragmentation_ratio",
+            "Share of the supernode's free accelerators that sit on partly used nodes",
+            labels=["supernode"],
+        )
+        frag = GaugeMetricFamily(
+            "tidal_fragmentation_ratio", "1 - (largest free slice / all free accelerators), cluster-wide"
+        )
+        gpus = GaugeMetricFamily("tidal_gpus", "Accelerators in supernodes by workload class", labels=["class"])
+        jobs = GaugeMetricFamily("tidal_jobs", "tidal workloads by kind and phase", labels=["kind", "phase"])
+        oldest = GaugeMetricFamily("tidal_oldest_pending_seconds", "Age of the longest-waiting pending job")
+        violations = CounterMetricFamily(
+            "tidal_hbd_violations", "HBD groups seen running across more than one supernode (must stay 0)"
+        )
+        overbooked = GaugeMetricFamily("tidal_overbooked_gpus", "Accelerators booked beyond node capacity (must be 0)")
+        api = GaugeMetricFamily("tidal_api_requests", "API requests made by the operator since start", labels=["verb"])
+        pending_jobs = GaugeMetricFamily(
+            "tidal_pending_jobs", "Pending TrainingJobs by the reason they wait", labels=["reason"]
+        )
+        families: list[Metric] = [
+            sn_gpus,
+            largest_slice,
+            sn_frag,
+            frag,
+            gpus,
+            jobs,
+            oldest,
+            violations,
+            overbooked,
+            api,
+            pending_jobs,
+        ]
+        report = controller.last_report if controller is not None else None
+        cyc = report.cycle if report is not None else None
+        if controller is None or report is None or cyc is None:
+            frag.add_metric([], 0.0)
+            oldest.add_metric([], 0.0)
+            violations.add_metric([], float(len(self._violating)))
+            overbooked.add_metric([], 0.0)
+            for reason in PENDING_REASONS:
+                pending_jobs.add_metric([reason], 0.0)
+            if controller is not None:
+                for verb, n in controller.api.requests.items():
+                    api.add_metric([verb], float(n))
+            return families
+        snapshot = cyc.snapshot
+        total_free = largest = 0
         for name in snapshot.supernodes:
             t = snapshot.supernode_totals(name)
             for state_name, value in (
@@ -154,76 +219,78 @@ class Metrics:
                 ("failed", t.failed),
                 ("spare", t.spare),
             ):
-                self.supernode_gpus.labels(supernode=name, state=state_name).set(value)
+                sn_gpus.add_metric([name, state_name], value)
             free_slice = snapshot.largest_free_slice(name)
-            self.largest_free_slice.labels(supernode=name).set(free_slice)
+            largest_slice.add_metric([name], free_slice)
             on_partial = sum(n.free for n in snapshot.member_nodes(name) if n.allocated > 0 and n.free)
-            self.supernode_fragmentation.labels(supernode=name).set(on_partial / t.free if t.free else 0.0)
+            sn_frag.add_metric([name], on_partial / t.free if t.free else 0.0)
             total_free += t.free
             largest = max(largest, free_slice)
-        self.fragmentation.set(1 - largest / total_free if total_free else 0.0)
+        frag.add_metric([], 1 - largest / total_free if total_free else 0.0)
+        for cls, value in _gpus_by_class(report, snapshot).items():
+            gpus.add_metric([cls], value)
+        counts, pending, oldest_s = _jobs(report)
+        for (kind, phase), n in sorted(counts.items()):
+            jobs.add_metric([kind, phase], n)
+        oldest.add_metric([], oldest_s)
+        for reason in sorted({*PENDING_REASONS, *pending}):
+            pending_jobs.add_metric([reason], pending.get(reason, 0))
+        self._hbd_violations(controller, cyc.members)
+        violations.add_metric([], float(len(self._violating)))
+        overbooked.add_metric([], float(sum(max(n.allocated - n.gpus, 0) for n in snapshot.nodes.values())))
+        for verb, n in controller.api.requests.items():
+            api.add_metric([verb], float(n))
+        return families
 
-        classes = self._gpus_by_class(report, snapshot)
-        for cls, value in classes.items():
-            self.gpus.labels(**{"class": cls}).set(value)
-        self._jobs(report, state)
-        self._hbd_violations(state, cyc.members)
-
-    def _gpus_by_class(self, report: CycleReport, snapshot: Any) -> dict[str, int]:
-        # The same bookkeeping as the snapshot: a workload being deleted no longer holds GPUs.
-        training = sum(
-            g for view, status in report.statuses.values() if not view.deleting for _, g in allocations(view, status)
-        )
-        inference = sum(
-            g for view, status in report.pools.values() if not view.deleting for _, g in pool_allocations(view, status)
-        )
-        allocated = snapshot.allocated_gpus()
-        usable = sum(n.gpus for n in snapshot.nodes.values() if n.usable)
-        failed = sum(n.gpus for n in snapshot.nodes.values() if not n.usable)
-        return {
-            "training": training,
-            "inference": inference,
-            "other": max(allocated - training - inference, 0),
-            "idle": max(usable - allocated, 0),
-            "failed": failed,
-        }
-
-    def _jobs(self, report: CycleReport, state: ClusterState) -> None:
-        counts: Counter[tuple[str, str]] = Counter()
-        oldest = 0.0
-        cyc = report.cycle
-        for _, status in report.statuses.values():
-            phase = status.get("phase") or "Pending"
-            counts[("TrainingJob", phase)] += 1
-            if phase == "Pending" and cyc is not None:
-                since = parse_time(status.get("pendingSince"))
-                if since is not None:
-                    oldest = max(oldest, (cyc.now - since).total_seconds())
-        for _, status in report.pools.values():
-            scaled = status.get("placedReplicas", 0) >= status.get("desiredReplicas", 0)
-            counts[("InferencePool", "Scaled" if scaled else "BelowDesired")] += 1
-        pending: Counter[str] = Counter()
-        for _, status in report.statuses.values():
-            if (status.get("phase") or "Pending") == "Pending":
-                cond = next((c for c in status.get("conditions", []) if c.get("type") == "Schedulable"), None)
-                pending[(cond or {}).get("reason") or "Queued"] += 1
-        for reason in {*PENDING_REASONS, *pending}:
-            self.pending_jobs.labels(reason=reason).set(pending.get(reason, 0))
-        self.jobs.clear()
-        for (kind, phase), n in counts.items():
-            self.jobs.labels(kind=kind, phase=phase).set(n)
-        self.oldest_pending.set(oldest)
-
-    def _hbd_violations(self, state: ClusterState, members: dict[str, Any]) -> None:
+    def _hbd_violations(self, controller: Controller, members: dict[str, Any]) -> None:
         """Count each (workload, group) seen bound across two supernodes once."""
         supernode_of = {node: m.supernode for m in members.values() for node in m.nodes}
         seen: dict[tuple[str, str, int], set[str]] = {}
-        for pod in state.pods.values():
+        for pod in controller.cache.pods.values():
             if pod.owner is None or pod.group is None or not pod.bound or not pod.active:
                 continue
             key = (pod.namespace, pod.owner[1], pod.group)
             seen.setdefault(key, set()).add(supernode_of.get(pod.node or "", "?"))
         for key, supernodes in seen.items():
-            if len(supernodes) > 1 and key not in self._violating:
+            if len(supernodes) > 1:
                 self._violating.add(key)
-                self.hbd_violations.inc()
+
+
+def _gpus_by_class(report: CycleReport, snapshot: Any) -> dict[str, int]:
+    # The same bookkeeping as the snapshot: a workload being deleted no longer holds GPUs.
+    training = sum(
+        g for view, status in report.statuses.values() if not view.deleting for _, g in allocations(view, status)
+    )
+    inference = sum(
+        g for view, status in report.pools.values() if not view.deleting for _, g in pool_allocations(view, status)
+    )
+    allocated = snapshot.allocated_gpus()
+    usable = sum(n.gpus for n in snapshot.nodes.values() if n.usable)
+    failed = sum(n.gpus for n in snapshot.nodes.values() if not n.usable)
+    return {
+        "training": training,
+        "inference": inference,
+        "other": max(allocated - training - inference, 0),
+        "idle": max(usable - allocated, 0),
+        "failed": failed,
+    }
+
+
+def _jobs(report: CycleReport) -> tuple[Counter[tuple[str, str]], Counter[str], float]:
+    counts: Counter[tuple[str, str]] = Counter()
+    pending: Counter[str] = Counter()
+    oldest = 0.0
+    cyc = report.cycle
+    for _, status in report.statuses.values():
+        phase = status.get("phase") or "Pending"
+        counts[("TrainingJob", phase)] += 1
+        if phase == "Pending":
+            since = parse_time(status.get("pendingSince"))
+            if since is not None and cyc is not None:
+                oldest = max(oldest, (cyc.now - since).total_seconds())
+            cond = next((c for c in status.get("conditions", []) if c.get("type") == "Schedulable"), None)
+            pending[(cond or {}).get("reason") or "Queued"] += 1
+    for _, status in report.pools.values():
+        scaled = status.get("placedReplicas", 0) >= status.get("desiredReplicas", 0)
+        counts[("InferencePool", "Scaled" if scaled else "BelowDesired")] += 1
+    return counts, pending, oldest

@@ -10,6 +10,8 @@ from collections import Counter
 import pytest
 import yaml
 
+from tidal.k8s.compact import from_wire
+
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
 
@@ -133,7 +135,7 @@ def test_gang_is_placed_whole_with_megatron_ranks(kube: Kube, running_operator: 
         groups.setdefault(group, set()).add(where[p["spec"]["nodeName"]])
     assert sorted(ranks) == list(range(0, 64, 4))
     assert all(len(s) == 1 for s in groups.values()), f"an HBD group spans supernodes: {groups}"
-    placed = {g["group"]: g["supernode"] for g in st["placement"]}
+    placed = {g["group"]: g["supernode"] for g in from_wire(st)["placement"]}
     assert {g: next(iter(s)) for g, s in groups.items()} == placed
     svc = kube.get("service", "moe", "-n", namespace)
     assert svc["spec"]["clusterIP"] == "None"

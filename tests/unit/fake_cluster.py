@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from tidal.k8s import labels
+from tidal.k8s.compact import from_wire
 from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
 from tidal.topology.fleet import build_fleet
 
@@ -75,6 +76,11 @@ class FakeCluster:
 
     def get(self, kind: str, namespace: str | None, name: str) -> ResourceView:
         return self.objects[(kind, namespace, name)]
+
+    def status(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        """The stored status as the operator reads it (a TrainingJob's compact placement expanded)."""
+        view = self.get(kind, namespace, name)
+        return from_wire(view.status) if kind == "TrainingJob" else view.status
 
     def state(self) -> ClusterState:
         by_kind: dict[str, dict] = {"Supernode": {}, "TrainingJob": {}, "InferencePool": {}}

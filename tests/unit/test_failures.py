@@ -20,14 +20,14 @@ def test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first():
     cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
     run(cluster, controller)
-    status = cluster.get("TrainingJob", "ml", "job").status
+    status = cluster.status("TrainingJob", "ml", "job")
     assert status["phase"] == "Running"
     group = status["placement"][0]
     lost = group["nodes"][0]
     cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
     cluster.calls.clear()
     run(cluster, controller, cycles=4)
-    status = cluster.get("TrainingJob", "ml", "job").status
+    status = cluster.status("TrainingJob", "ml", "job")
     assert status["restarts"] == 1 and status["phase"] == "Running"
     new_nodes = status["placement"][0]["nodes"]
     assert lost not in new_nodes and status["placement"][0]["supernode"] == group["supernode"]

@@ -174,7 +174,7 @@ def test_compressed_day_checkpoint_before_eviction_and_back_at_night():
     clock = FixedClock(at("06:00"))
     controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
     run(cluster, controller)
-    job = lambda: cluster.get("TrainingJob", "ml", "pretrain").status  # noqa: E731
+    job = lambda: cluster.status("TrainingJob", "ml", "pretrain")  # noqa: E731
     pool = lambda: cluster.get("InferencePool", "serve", "chat").status  # noqa: E731
     assert job()["phase"] == "Running" and job()["currentDP"] == 4
     assert pool()["placedReplicas"] == 0
@@ -236,7 +236,7 @@ def test_disruption_budget_is_respected_by_the_operator():
     status = cluster.get("InferencePool", "serve", "chat").status
     assert status["placedReplicas"] == 4
     assert "disruption budget" in status["reason"]
-    assert "eviction" not in cluster.get("TrainingJob", "ml", "pretrain").status
+    assert "eviction" not in cluster.status("TrainingJob", "ml", "pretrain")
 
 
 def test_no_flapping_through_a_noisy_hour():

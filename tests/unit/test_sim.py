@@ -94,7 +94,7 @@ def test_tidal_policy_decides_like_the_operator_rebalancer(replicas, expected):
     clock = FixedClock(dt.datetime(2026, 5, 1, 3, tzinfo=dt.UTC))
     controller = Controller(cluster, clock)
     run(cluster, controller)
-    placed = {name: cluster.get("TrainingJob", "ml", name).status for name in specs}
+    placed = {name: cluster.status("TrainingJob", "ml", name) for name in specs}
     assert all(s["phase"] == "Running" for s in placed.values())
 
     # The simulator, in the same state.
@@ -133,7 +133,7 @@ def test_tidal_policy_decides_like_the_operator_rebalancer(replicas, expected):
     run(cluster, controller, cycles=1)
     operator_victims = {}
     for i, name in enumerate(specs):
-        eviction = cluster.get("TrainingJob", "ml", name).status.get("eviction")
+        eviction = cluster.status("TrainingJob", "ml", name).get("eviction")
         if eviction:
             operator_victims[f"job-{i}"] = tuple(eviction["replicas"])
     assert operator_victims == expected

@@ -10,10 +10,11 @@ import time
 from typing import Any
 
 from tidal.clock import parse_time
+from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.state import ResourceView
-from tidal.k8s.status import set_condition
+from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
     groups_of_replicas,
     holds_gpus,
@@ -115,12 +116,35 @@ def without_evictions_in_flight(
 def admit_queued(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> None:
     queue = sorted((item for item in statuses.values() if is_queued(*item)), key=queue_order)
     for view, status in queue:
+        mark = retry_mark(cyc, view, status)
+        if cyc.pending_memo.get(view.uid) == mark:
+            cyc.count("queue_skipped")  # nothing that could change its answer has moved
+            continue
         new_status = _try_admit(cyc, view, status, statuses)
         statuses[view.uid] = (view, new_status)
         if holds_gpus(new_status):
+            cyc.pending_memo.pop(view.uid, None)
             new_status = reconcile_placed(cyc, view, new_status)
             statuses[view.uid] = (view, new_status)
+        elif _schedulable_reason(new_status) == "WaitingForPreemption":
+            cyc.pending_memo.pop(view.uid, None)  # re-planned every cycle: it reserves its nodes
+        else:
+            cyc.pending_memo[view.uid] = mark
         cyc.writer.write(view, new_status)
+
+
+def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
+    """What a queued job's answer depends on besides itself: it is tried again only when this
+    moves (free GPUs went up somewhere, a lower-priority preemptible gang grew, an eviction
+    started) or the job changed (spec generation, phase)."""
+    priority = int(view.spec.get("priority", 0))
+    victims = sum(n for p, n in cyc.victims_added.items() if p < priority)
+    return (view.generation, status.get("phase", ""), cyc.snapshot.capacity_version, victims, cyc.evictions_started)
+
+
+def _schedulable_reason(status: dict[str, Any]) -> str | None:
+    cond = condition(status.get("conditions", []), "Schedulable")
+    return cond.get("reason") if cond and cond.get("status") == "False" else None
 
 
 def _try_admit(
@@ -143,6 +167,15 @@ def _try_admit(
         plan = plan_gang(cyc.snapshot, request_for(view, shape, recovery))
         cyc.placements_ms.append((time.perf_counter() - started) * 1000)
         if isinstance(plan, PlacementPlan):
+            if not compact.fits(compact.encode(placement_of(plan))):
+                return _pending(
+                    cyc,
+                    view,
+                    status,
+                    "PlacementTooLarge",
+                    f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
+                    f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
+                )
             return _admitted(cyc, view, status, shape, plan)
         misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
@@ -178,6 +211,10 @@ def _admitted(
 
 
 def _pending(cyc: Cycle, view: ResourceView, status: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+    """Written (and a Warning event sent) when the reason's kind changes, not when its numbers do:
+    a thousand queued jobs must not rewrite their statuses whenever free capacity moves."""
+    if _schedulable_reason(status) == reason and status.get("reason"):
+        return status
     if status.get("reason") != message:
         cyc.event(view, reason, message, warning=True)
     conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, message, cyc.stamp)
@@ -193,8 +230,11 @@ def _preempt_or_wait(
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     request = request_for(view, shape, status["phase"] == "Restarting")
-    scratch = without_evictions_in_flight(cyc, statuses)
-    result = plan_preemption(scratch, request, running_gangs(cyc, statuses))
+    gangs, scratch = _preemption_inputs(cyc, statuses)
+    if not any(g.preemptible and g.priority < request.priority for g in gangs):
+        # Nobody it may preempt: skip the planner (and its snapshot copy) altogether.
+        return _pending(cyc, view, status, miss.reason.value, miss.message)
+    result = plan_preemption(scratch, request, gangs)
     if not isinstance(result, PreemptionPlan):
         return _pending(cyc, view, status, miss.reason.value, miss.message)
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
@@ -220,6 +260,19 @@ def _preempt_or_wait(
     ]
     message = f"waiting for {len(waiting)} preempted job(s) to checkpoint and release GPUs: {', '.join(waiting)}"
     return _pending(cyc, view, status, "WaitingForPreemption", message)
+
+
+def _preemption_inputs(
+    cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+) -> tuple[list[RunningGang], ClusterSnapshot]:
+    """Running gangs and the snapshot without evictions in flight, built once per cycle and again
+    only after the snapshot or the set of evictions changed (both walk every placed pod)."""
+    key = (cyc.snapshot_mutations(), cyc.counters.get("preemptions", 0), cyc.counters.get("admitted", 0))
+    cached = cyc.scratch.get("preemption")
+    if cached is None or cached[0] != key:
+        cached = (key, running_gangs(cyc, statuses), without_evictions_in_flight(cyc, statuses))
+        cyc.scratch["preemption"] = cached
+    return cached[1], cached[2]
 
 
 def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:

@@ -32,41 +32,48 @@ def _selects(selector: dict[str, str], node: NodeView) -> bool:
 
 
 def memberships(state: ClusterState, default_label: str = labels.SUPERNODE) -> dict[str, Membership]:
-    """Supernode -> members; a node claimed by two Supernodes belongs to the first by name."""
+    """Supernode -> members; a node claimed by two Supernodes belongs to the first by name.
+
+    Checks every node against every selector: the reference the incremental label index
+    (`k8s/watch.py`) is tested against, and the "old code path" of `bench.cycle`.
+    """
     claimed: set[str] = set()
     result: dict[str, Membership] = {}
     for name in sorted(state.supernodes):
         sn = state.supernodes[name]
         if sn.deleting:
             continue
-        spec = sn.spec
-        selector = spec.get("nodeSelector") or {default_label: name}
+        selector = sn.spec.get("nodeSelector") or {default_label: name}
         members = tuple(sorted(n.name for n in state.nodes.values() if n.name not in claimed and _selects(selector, n)))
         claimed.update(members)
-        topology = spec.get("topology") or {}
-        node_blocks = Counter(state.nodes[m].labels.get(labels.BLOCK) for m in members)
-        node_blocks.pop(None, None)
-        block = topology.get("block") or (node_blocks.most_common(1)[0][0] if node_blocks else None)
-        result[name] = Membership(
-            supernode=name,
-            accelerator=spec.get("accelerator", "nvidia.com/gpu"),
-            nodes=members,
-            block=block,
-            spine=topology.get("spine"),
-            zone=topology.get("zone"),
-            spares=_spares(spec.get("spares") or {}, members, state),
-        )
+        result[name] = membership_of(name, sn.spec, members, state.nodes)
     return result
 
 
-def _spares(policy: dict, members: tuple[str, ...], state: ClusterState) -> frozenset[str]:
+def membership_of(name: str, spec: dict, members: tuple[str, ...], nodes: dict[str, NodeView]) -> Membership:
+    topology = spec.get("topology") or {}
+    node_blocks = Counter(nodes[m].labels.get(labels.BLOCK) for m in members)
+    node_blocks.pop(None, None)
+    block = topology.get("block") or (node_blocks.most_common(1)[0][0] if node_blocks else None)
+    return Membership(
+        supernode=name,
+        accelerator=spec.get("accelerator", "nvidia.com/gpu"),
+        nodes=members,
+        block=block,
+        spine=topology.get("spine"),
+        zone=topology.get("zone"),
+        spares=_spares(spec.get("spares") or {}, members, nodes),
+    )
+
+
+def _spares(policy: dict, members: tuple[str, ...], nodes: dict[str, NodeView]) -> frozenset[str]:
     explicit = [n for n in policy.get("nodes") or [] if n in members]
-    labelled = [n for n in members if state.nodes[n].labels.get(labels.SPARE) == "true"]
+    labelled = [n for n in members if nodes[n].labels.get(labels.SPARE) == "true"]
     chosen = list(dict.fromkeys(explicit + labelled))
     count = int(policy.get("count") or 0)
     if len(chosen) < count:
         # Highest-named healthy members: a stable choice that does not move as load changes.
-        healthy = [n for n in reversed(members) if state.nodes[n].ready and n not in chosen]
+        healthy = [n for n in reversed(members) if nodes[n].ready and n not in chosen]
         chosen += healthy[: count - len(chosen)]
     return frozenset(chosen)
 

@@ -1,24 +1,30 @@
 """One controller cycle: snapshot from the watched state, then reconcile placed jobs, admit queued
-ones, write statuses, and create/delete/ungate pods. Cycles never overlap and are rate limited."""
+ones, write statuses, and create/delete/ungate pods. Cycles never overlap and are rate limited.
+
+The cycle works on the incremental watch cache (`k8s/watch.py`): the snapshot is patched, not
+rebuilt; only workloads whose pods, nodes or objects changed are reconciled; a queued job that did
+not fit is tried again only when free capacity went up, a possible victim appeared, or it changed.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
-from tidal.k8s.cache import build_snapshot, memberships, overbooked_gpus
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.rebalancing import RebalanceSettings, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.supernodes import update_supernodes
+from tidal.k8s.supernodes import update_supernode
 from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
+from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.rebalance import DemandTracker
 
 
@@ -28,6 +34,8 @@ class ControllerSettings:
     supernode_label: str = "tidal.dev/supernode"
     """Node label that selects a Supernode's members when its spec has no nodeSelector."""
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
+    max_cycle_age_seconds: float = 120.0
+    """/healthz fails when timers fire but no cycle has finished for this long."""
 
 
 @dataclass
@@ -51,20 +59,38 @@ class Controller:
         self.demand = DemandTracker()
         self.last_report = CycleReport()
         self.cycles = 0
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Held by a cycle, and by a metrics scrape reading the cache (the scrape waits, a cycle skips)."""
         self._last_start = 0.0
+        self.last_tick = 0.0
+        self.last_finished = time.monotonic()
+        """When the last cycle ended (or the controller was made): /healthz checks its age."""
         self.listeners: list[Any] = []
+        self.cache = WatchCache(self.settings.supernode_label)
+        self.keeper = SnapshotKeeper()
+        self._settled: dict[str, tuple[ResourceView, dict[str, Any]]] = {}
+        self._supernodes_seen: dict[str, tuple[ResourceView, Any]] = {}
+        self._overbooked: dict[str, int] = {}
+        self.pending_memo: dict[str, tuple] = {}
+        self.victims_added: Counter[int] = Counter()
+        self.evictions_started = 0
 
     def due(self) -> bool:
-        return not self._lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
+        return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
 
-    def cycle(self, state: ClusterState) -> CycleReport | None:
-        if not self._lock.acquire(blocking=False):
+    def cycle(self, state: ClusterState | None = None) -> CycleReport | None:
+        """One cycle over the watch cache; with `state` (a full listing) the cache is first brought
+        to it by difference (tests and the benchmark), otherwise queued watch events are applied."""
+        if not self.lock.acquire(blocking=False):
             return None
         try:
             self._last_start = time.monotonic()
             try:
-                report = self._cycle(state)
+                if state is not None:
+                    self.cache.sync(state)
+                else:
+                    self.cache.drain()
+                report = self._cycle()
             except Exception:
                 # Never let one bad cycle make kopf back off the timers: log it, try again next tick.
                 log.exception("cycle failed")
@@ -72,11 +98,21 @@ class Controller:
             report.seconds = time.monotonic() - self._last_start
             self.last_report = report
             self.cycles += 1
+            self.last_finished = time.monotonic()
             for listener in self.listeners:
-                listener(self, state, report)
+                listener(self, report)
             return report
         finally:
-            self._lock.release()
+            self.lock.release()
+
+    def seconds_since_cycle(self) -> float:
+        return time.monotonic() - self.last_finished
+
+    def stuck(self) -> bool:
+        """Ticks arrive (this replica is active) yet no cycle finished within the bound. A standby
+        replica (timers paused by peering) or an idle cluster (no timers) is never stuck."""
+        bound = self.settings.max_cycle_age_seconds
+        return self.last_tick - self.last_finished > bound and self.seconds_since_cycle() > bound
 
     @staticmethod
     def _reconcile_job(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any] | None:
@@ -88,38 +124,58 @@ class Controller:
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
         return None
 
-    def _cycle(self, state: ClusterState) -> CycleReport:
+    def _cycle(self) -> CycleReport:
+        cache = self.cache
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
-            view.uid: (view, self.writer.effective(view)) for view in state.jobs.values()
+            view.uid: (view, self.writer.effective(view)) for view in cache.jobs.values()
         }
         pools: dict[str, tuple[ResourceView, dict[str, Any]]] = {
-            view.uid: (view, self.writer.effective(view)) for view in state.pools.values()
+            view.uid: (view, self.writer.effective(view)) for view in cache.pools.values()
         }
-        self.writer.forget({v.uid for v in (*state.jobs.values(), *state.supernodes.values(), *state.pools.values())})
-        members = memberships(state, self.settings.supernode_label)
-        held = [a for view, status in statuses.values() if not view.deleting for a in allocations(view, status)]
-        held += [a for view, status in pools.values() if not view.deleting for a in pool_allocations(view, status)]
-        snapshot = build_snapshot(state, members, held)
-        live_pods = {p.uid for p in state.pods.values()}
-        self.deleted_uids &= live_pods  # forget pods that are gone for good
-        cyc = Cycle(state, members, snapshot, self.api, self.writer, self.clock.now(), deleted_uids=self.deleted_uids)
+        self.writer.forget({v.uid for v in (*cache.jobs.values(), *cache.supernodes.values(), *cache.pools.values())})
+        members = cache.memberships()
+        dirty_owners, dirty_nodes = cache.take_dirty()
+        self._book(statuses, pools)
+        snapshot = self.keeper.refresh(cache, dirty_nodes)
+        self.deleted_uids &= cache.pod_uids  # forget pods that are gone for good
+        cyc = Cycle(
+            cache,
+            members,
+            snapshot,
+            self.api,
+            self.writer,
+            self.clock.now(),
+            deleted_uids=self.deleted_uids,
+            pending_memo=self.pending_memo,
+            victims_added=self.victims_added,
+            evictions_started=self.evictions_started,
+        )
         log.debug(
             "cycle",
-            nodes=len(state.nodes),
-            pods=len(state.pods),
-            supernodes=len(state.supernodes),
+            nodes=len(cache.nodes),
+            pods=len(cache.pods),
+            supernodes=len(cache.supernodes),
             jobs=len(statuses),
             pools=len(pools),
         )
 
+        moved = self.keeper.jobs_on(dirty_nodes)
         for uid, (view, status) in sorted(statuses.items(), key=lambda kv: kv[1][0].key):
             if view.deleting:
                 continue
+            if self._settled_job(view, status, dirty_owners, moved):
+                cyc.count("reconciles_skipped")
+                continue
+            actions = cyc.actions
             try:
                 new = self._reconcile_job(cyc, view, status)
             except Exception:
                 log.exception("reconcile failed", namespace=view.namespace, name=view.name)
                 continue
+            if (new is None or new == status) and cyc.actions == actions:
+                self._settled[uid] = (view, status)  # nothing to do until its pods, nodes or object move
+            else:
+                self._settled.pop(uid, None)
             if new is None:
                 continue
             statuses[uid] = (view, new)
@@ -130,8 +186,77 @@ class Controller:
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
         cyc.flush_pods()
-        update_supernodes(cyc)
-        report = CycleReport(cycle=cyc, statuses=statuses, pools=pools, overbooked_gpus=overbooked_gpus(snapshot))
+        self._update_supernodes(cyc)
+        self.keeper.end_cycle()
+        self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
+        for uid in [u for u in self.pending_memo if u not in statuses]:
+            del self.pending_memo[uid]
+        for uid in [u for u in self._settled if u not in statuses]:
+            del self._settled[uid]
+        report = CycleReport(cycle=cyc, statuses=statuses, pools=pools, overbooked_gpus=self._overbooked_gpus(cyc))
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report
+
+    def _book(self, statuses: Statuses, pools: Statuses) -> None:
+        """GPUs booked by each workload's recorded placement, diffed only where a status changed."""
+        keeper = self.keeper
+        for view, status in statuses.values():
+            source = None if view.deleting else status
+            grew = keeper.set_allocations(view.uid, source, allocations(view, status) if source is not None else ())
+            if grew and view.spec.get("preemptible"):
+                self.victims_added[int(view.spec.get("priority", 0))] += 1
+        for view, status in pools.values():
+            source = None if view.deleting else status
+            keeper.set_allocations(view.uid, source, pool_allocations(view, status) if source is not None else ())
+        keeper.forget(set(statuses) | set(pools))
+
+    def _settled_job(self, view: ResourceView, status: dict[str, Any], dirty_owners: set, moved: set[str]) -> bool:
+        """A placed job whose object, status, pods and nodes are all as when it last needed nothing."""
+        seen = self._settled.get(view.uid)
+        return (
+            seen is not None
+            and seen[0] is view
+            and seen[1] is status
+            and holds_gpus(status)
+            and not status.get("eviction")
+            and ("TrainingJob", view.namespace, view.name) not in dirty_owners
+            and view.uid not in moved
+        )
+
+    def _update_supernodes(self, cyc: Cycle) -> None:
+        """Supernode statuses, recomputed only where a member node changed this cycle."""
+        changed = cyc.snapshot.touched | cyc.snapshot.refreshed
+        for name, view in cyc.state.supernodes.items():
+            if view.deleting:
+                continue
+            member = cyc.members.get(name)
+            seen = self._supernodes_seen.get(name)
+            if (
+                seen is not None
+                and seen[0] is view
+                and seen[1] is member
+                and not (member and any(n in changed for n in member.nodes))
+            ):
+                continue
+            update_supernode(cyc, view, member)
+            self._supernodes_seen[name] = (view, member)
+        for name in [n for n in self._supernodes_seen if n not in cyc.state.supernodes]:
+            del self._supernodes_seen[name]
+
+    def _overbooked_gpus(self, cyc: Cycle) -> int:
+        snapshot = cyc.snapshot
+        names = snapshot.nodes if snapshot.rebuilt else snapshot.touched | snapshot.refreshed
+        if snapshot.rebuilt:
+            self._overbooked = {}
+        for name in names:
+            node = snapshot.nodes.get(name)
+            over = max(node.allocated - node.gpus, 0) if node is not None else 0
+            if over:
+                self._overbooked[name] = over
+            else:
+                self._overbooked.pop(name, None)
+        return sum(self._overbooked.values())
+
+
+Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,8 +14,7 @@ from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE
-from tidal.k8s.manifests import pinned_node
-from tidal.k8s.state import ClusterState, PodView, ResourceView
+from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
 
@@ -22,7 +23,8 @@ log = structlog.get_logger("tidal")
 
 @dataclass
 class Cycle:
-    state: ClusterState
+    state: Any
+    """The watched objects: a WatchCache (or anything with ClusterState's attributes)."""
     members: dict[str, Membership]
     snapshot: ClusterSnapshot
     api: Api
@@ -38,6 +40,12 @@ class Cycle:
     pending_waits: list[float] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     """Things that happened this cycle: admitted, preemptions, restarts, evictions:<reason>:<how>..."""
+    pending_memo: dict[str, tuple] = field(default_factory=dict)
+    """Queued job uid -> what the cluster looked like when it last failed to fit (kept across cycles)."""
+    victims_added: Counter[int] = field(default_factory=Counter)
+    """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
+    evictions_started: int = 0
+    """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
 
     @property
     def stamp(self) -> str:
@@ -55,18 +63,37 @@ class Cycle:
         self.deleted_uids.add(pod.uid)
         self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
 
-    def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, dict[str, Any]]) -> None:
-        """Pods not in `expected`, or pinned elsewhere than expected (their group moved)."""
+    scratch: dict[str, Any] = field(default_factory=dict)
+    """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
+
+    def snapshot_mutations(self) -> int:
+        return getattr(self.snapshot, "mutations", -1)
+
+    @property
+    def actions(self) -> int:
+        """Pod actions queued so far: a reconcile that queued none changed nothing outside."""
+        return len(self.pod_creates) + len(self.pod_deletes) + len(self.ungates)
+
+    def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, str]) -> None:
+        """Pods not in `expected` (pod name -> node), or pinned elsewhere (their group moved)."""
         for name, pod in pods.items():
-            if name not in expected or pod.node != pinned_node(expected[name]):
+            if expected.get(name) != pod.node:
                 self.delete_pod(pod)
 
-    def sync_gang(self, namespace: str, pods: dict[str, PodView], gang: dict[str, dict[str, Any]]) -> list[str]:
-        """Create the gang's missing pods; once every one exists on its pinned node, lift all their
-        gates together. Returns the names that were missing."""
+    def sync_gang(
+        self,
+        namespace: str,
+        pods: dict[str, PodView],
+        gang: dict[str, str],
+        build: Callable[[list[str]], Iterable[dict[str, Any]]],
+    ) -> list[str]:
+        """Create the gang's missing pods (manifests built by `build`, only for those); once every
+        one exists on its node (`gang`: pod name -> node), lift all their gates together.
+        Returns the names that were missing."""
         missing = [name for name in gang if name not in pods]
-        self.pod_creates.extend(gang[name] for name in missing)
-        whole = not missing and all(not pods[n].terminating and pods[n].node == pinned_node(gang[n]) for n in gang)
+        if missing:
+            self.pod_creates.extend(build(missing))
+        whole = not missing and all(not pods[n].terminating and pods[n].node == gang[n] for n in gang)
         if whole:
             self.ungates.extend((namespace, n, [GANG_GATE]) for n in gang if pods[n].gated)
         return missing

@@ -1,4 +1,11 @@
-"""kopf wiring: indices are the informer caches; timers drive the controller cycle.
+"""kopf wiring: watch events feed the controller's incremental cache; timers drive the cycle.
+
+The kopf indices stay (kopf starts no timer before every index has its first listing, so the first
+cycle never sees half a cluster); each index function also feeds its view to the controller's
+`WatchCache` (an append), and deletions arrive through `on.event`. The cycle runs in a worker
+thread and applies the queued events itself, so the event loop (watches, probes, peering) is
+never blocked by planning. Every few minutes the indices are copied once and the cache is brought
+to them by difference, in case an event was lost (say, across a peering pause).
 
 Every handler here is paused by kopf peering when a higher-priority tidal replica is active, so
 two replicas never both act. Timers on Supernodes and TrainingJobs call the same rate-limited
@@ -9,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -19,6 +27,7 @@ from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view
 from tidal.k8s.supernodes import discover
 
 TICK_SECONDS = 1.0
+RESYNC_SECONDS = 300.0
 
 
 @kopf.on.startup()
@@ -37,9 +46,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.lifetime = 15
 
 
+def _feed(memo: kopf.Memo, kind: str, key: Any, view: Any) -> None:
+    controller = getattr(memo, "controller", None)
+    if controller is not None:
+        controller.cache.feed(kind, key, view)
+
+
+def _deleted(event: dict[str, Any], **_: Any) -> bool:
+    return event.get("type") == "DELETED"
+
+
 @kopf.index("", "v1", "nodes")
-def tidal_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
-    return {name: node_view(dict(body))}
+def tidal_nodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    view = node_view(dict(body))
+    _feed(memo, "node", name, view)
+    return {name: view}
 
 
 def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
@@ -55,23 +76,56 @@ def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
 
 
 @kopf.index("", "v1", "pods", when=_interesting_pod)
-def tidal_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): pod_view(dict(body))}
+def tidal_pods(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    view = pod_view(dict(body))
+    _feed(memo, "pod", (namespace, name), view)
+    return {(namespace, name): view}
 
 
 @kopf.index(API_GROUP, API_VERSION, "supernodes")
-def tidal_supernodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: resource_view(dict(body))}
+def tidal_supernodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    view = resource_view(dict(body))
+    _feed(memo, "supernode", name, view)
+    return {name: view}
 
 
 @kopf.index(API_GROUP, API_VERSION, "trainingjobs")
-def tidal_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): resource_view(dict(body))}
+def tidal_jobs(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    view = resource_view(dict(body))
+    _feed(memo, "job", (namespace, name), view)
+    return {(namespace, name): view}
 
 
 @kopf.index(API_GROUP, API_VERSION, "inferencepools")
-def tidal_pools(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): resource_view(dict(body))}
+def tidal_pools(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    view = resource_view(dict(body))
+    _feed(memo, "pool", (namespace, name), view)
+    return {(namespace, name): view}
+
+
+@kopf.on.event("", "v1", "nodes", when=_deleted)
+def node_gone(name: str, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, "node", name, None)
+
+
+@kopf.on.event("", "v1", "pods", when=_deleted)
+def pod_gone(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, "pod", (namespace, name), None)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "supernodes", when=_deleted)
+def supernode_gone(name: str, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, "supernode", name, None)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "trainingjobs", when=_deleted)
+def job_gone(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, "job", (namespace, name), None)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "inferencepools", when=_deleted)
+def pool_gone(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, "pool", (namespace, name), None)
 
 
 def _single(index: kopf.Index) -> dict[Any, Any]:
@@ -90,10 +144,29 @@ def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
 
 async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
+    controller.last_tick = time.monotonic()
     if not controller.due():
         return
-    indices = {k: v for k, v in kwargs.items() if k.startswith("tidal_")}
-    await asyncio.to_thread(controller.cycle, state_from(indices))
+    state = None
+    if time.monotonic() - getattr(memo, "resynced", -RESYNC_SECONDS) >= RESYNC_SECONDS:
+        # A full copy of the indices, rarely: the cache is brought to it by difference. Events
+        # queued so far are older than this copy, so they are dropped here, on the loop that feeds them.
+        state = state_from({k: v for k, v in kwargs.items() if k.startswith("tidal_")})
+        controller.cache.discard_events()
+        memo.resynced = time.monotonic()
+    # Planning is CPU-bound Python: a worker thread keeps kopf's watches, probes and peering going.
+    await asyncio.to_thread(controller.cycle, state)
+
+
+@kopf.on.probe(id="cycle")
+def cycle_age(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Unhealthy when timers keep firing but no cycle has finished for `max_cycle_age` seconds."""
+    controller: Controller = memo.controller
+    age = controller.seconds_since_cycle()
+    stuck = controller.stuck()
+    if stuck:
+        raise kopf.PermanentError(f"no controller cycle finished for {age:.0f}s")
+    return {"seconds_since_cycle": round(age, 1), "cycles": controller.cycles}
 
 
 # The same tick from every kind that may need the cycle: any of them existing keeps it running.

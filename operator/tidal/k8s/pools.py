@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle
-from tidal.k8s.manifests import owner_reference, pinned_node, pinned_pod
+from tidal.k8s.manifests import owner_reference, pinned_pod
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import set_condition
 from tidal.model import InferencePoolSpec, describe_errors
@@ -111,13 +111,14 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     pods = {p.name: p for p in cyc.state.pods_of("InferencePool", view.namespace, view.name)}
     replicas = sorted(status.get("placement") or [], key=lambda r: r["group"])
     gpp = view.spec["gpusPerPod"]
-    expected_by_replica = {r["group"]: replica_pods(view, r) for r in replicas}
+    expected_by_replica = {
+        r["group"]: {replica_pod_name(view.name, r["group"], i): node for i, node in enumerate(r["nodes"])}
+        for r in replicas
+    }
 
     def ready(r: dict[str, Any]) -> bool:
         expected = expected_by_replica[r["group"]]
-        return all(
-            n in pods and pods[n].phase == "Running" and pods[n].node == pinned_node(p) for n, p in expected.items()
-        )
+        return all(n in pods and pods[n].phase == "Running" and pods[n].node == node for n, node in expected.items())
 
     def broken(r: dict[str, Any]) -> bool:
         for i, node in enumerate(r["nodes"]):
@@ -145,7 +146,7 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
             for node in r["nodes"]:
                 cyc.snapshot.release(node, gpp)
 
-    expected: dict[str, dict[str, Any]] = {}
+    expected: dict[str, str] = {}
     for r in keep:
         expected.update(expected_by_replica[r["group"]])
     _sync_pods(cyc, view, keep, pods, expected)
@@ -160,12 +161,21 @@ def _sync_pods(
     view: ResourceView,
     replicas: list[dict[str, Any]],
     pods: dict[str, PodView],
-    expected: dict[str, dict[str, Any]],
+    expected: dict[str, str],
 ) -> None:
     cyc.delete_stale_pods(pods, expected)
-    for r in replicas:  # each replica is its own gang
+    for r in replicas:  # each replica is its own gang; manifests only for missing pods
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
-        cyc.sync_gang(view.namespace or "default", pods, {n: expected[n] for n in names})
+        cyc.sync_gang(
+            view.namespace or "default",
+            pods,
+            {n: expected[n] for n in names},
+            lambda missing, r=r: _pick(replica_pods(view, r), missing),
+        )
+
+
+def _pick(made: dict[str, dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+    return [made[n] for n in names]
 
 
 def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups: list[Any]) -> dict[str, Any]:

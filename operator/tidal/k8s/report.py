@@ -8,6 +8,7 @@ from typing import Any
 from kubernetes import client
 
 from tidal import API_GROUP, API_VERSION
+from tidal.k8s.compact import from_wire
 
 
 def _list(custom: client.CustomObjectsApi, plural: str) -> list[dict[str, Any]]:
@@ -28,6 +29,8 @@ def placement_table(api_client: client.ApiClient) -> str:
             st = obj.get("status") or {}
             name = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
             jobs.append((kind, name, st.get("phase") or f"{st.get('placedReplicas', 0)} placed", st.get("reason", "")))
+            if kind == "TrainingJob":
+                st = from_wire(st)
             for g in st.get("placement") or []:
                 groups[g["supernode"]][obj["metadata"]["name"]].append(g["group"])
     rows = [("SUPERNODE", "BLOCK", "GPUS", "FREE", "FAILED", "HBD GROUPS: workload[group indices]")]

@@ -27,15 +27,18 @@ def run(args: argparse.Namespace) -> int:
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
     rebalance = RebalanceSettings(disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour)
     settings = ControllerSettings(
-        min_cycle_seconds=args.cycle_seconds, rebalance=rebalance, supernode_label=args.supernode_label
+        min_cycle_seconds=args.cycle_seconds,
+        rebalance=rebalance,
+        supernode_label=args.supernode_label,
+        max_cycle_age_seconds=args.max_cycle_age,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
         from tidal.metrics import Metrics
 
         metrics = Metrics()
+        metrics.attach(controller)
         metrics.serve(args.metrics_port)
-        controller.listeners.append(metrics.observe)
     memo = kopf.Memo(
         controller=controller,
         discover_label=args.discover_supernodes or None,
@@ -104,5 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most training GPUs the rebalancer may evict per hour (default: no limit)",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
+    parser.add_argument(
+        "--max-cycle-age",
+        type=float,
+        default=120.0,
+        help="/healthz fails when timers fire but no controller cycle has finished for this many seconds",
+    )
     parser.add_argument("--log-level", default=os.environ.get("TIDAL_LOG_LEVEL", "INFO"))
     parser.add_argument("--dev-logs", action="store_true", help="human-readable logs instead of JSON")

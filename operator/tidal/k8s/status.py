@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tidal.k8s import compact
 from tidal.k8s.api import Api
 from tidal.k8s.state import ResourceView
 from tidal.model import InferencePoolStatus, SupernodeStatus, TrainingJobStatus
@@ -43,19 +44,35 @@ def condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | 
 
 
 class StatusWriter:
+    """TrainingJob placements are held expanded (a list of groups) and written compacted
+    (`status.assignment`, k8s/compact.py); the decoded form is kept per status object read."""
+
     def __init__(self, api: Api):
         self.api = api
         self._ledger: dict[str, tuple[dict[str, Any], float]] = {}
+        self._decoded: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def observed(self, view: ResourceView) -> dict[str, Any]:
+        """The status as read, in the operator's form (decoded once per object seen)."""
+        if view.kind != "TrainingJob":
+            return view.status
+        seen = self._decoded.get(view.uid)
+        if seen is not None and seen[0] is view.status:
+            return seen[1]
+        held = compact.from_wire(view.status)
+        self._decoded[view.uid] = (view.status, held)
+        return held
 
     def effective(self, view: ResourceView) -> dict[str, Any]:
+        observed = self.observed(view)
         entry = self._ledger.get(view.uid)
         if entry is None:
-            return view.status
+            return observed
         written, at = entry
-        caught_up = all(view.status.get(k) == v for k, v in written.items())
+        caught_up = all(observed.get(k) == v for k, v in written.items())
         if caught_up or time.monotonic() - at > LEDGER_TTL_SECONDS:
             del self._ledger[view.uid]
-            return view.status
+            return observed
         return written
 
     def write(self, view: ResourceView, status: dict[str, Any]) -> bool:
@@ -64,18 +81,20 @@ class StatusWriter:
         current = self.effective(view)
         if all(current.get(k) == v for k, v in status.items()) and set(current) <= set(status) | _defaulted(current):
             return False
-        _MODELS[view.kind].model_validate(status)
-        patch: dict[str, Any] = {k: None for k in current if k not in status}
-        patch.update(status)
+        wire = compact.to_wire(status) if view.kind == "TrainingJob" else status
+        _MODELS[view.kind].model_validate(wire)
+        wire_current = compact.to_wire(current) if view.kind == "TrainingJob" else current
+        patch: dict[str, Any] = {k: None for k in {*wire_current, *view.status} if k not in wire}
+        patch.update(wire)
         if not self.api.patch_status(view.kind, view.namespace, view.name, patch):
             return False
         self._ledger[view.uid] = (status, time.monotonic())
         return True
 
     def forget(self, live_uids: set[str]) -> None:
-        for uid in list(self._ledger):
-            if uid not in live_uids:
-                del self._ledger[uid]
+        for store in (self._ledger, self._decoded):
+            for uid in [u for u in store if u not in live_uids]:
+                del store[uid]
 
 
 def _defaulted(status: dict[str, Any]) -> set[str]:

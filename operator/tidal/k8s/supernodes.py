@@ -46,13 +46,10 @@ def supernode_status(cyc: Cycle, view: ResourceView, member: Membership | None) 
     return status
 
 
-def update_supernodes(cyc: Cycle) -> None:
-    for name, view in cyc.state.supernodes.items():
-        if view.deleting:
-            continue
-        # set_condition keeps lastTransitionTime for an unchanged condition, so a steady supernode
-        # compares equal and is not rewritten.
-        cyc.writer.write(view, supernode_status(cyc, view, cyc.members.get(name)))
+def update_supernode(cyc: Cycle, view: ResourceView, member: Membership | None) -> None:
+    # set_condition keeps lastTransitionTime for an unchanged condition, so a steady supernode
+    # compares equal and is not rewritten.
+    cyc.writer.write(view, supernode_status(cyc, view, member))
 
 
 def supernode_name(label_value: str) -> str:

@@ -83,15 +83,26 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     if view.spec.get("suspend"):
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
 
-    expected = training_pods(
-        view.name, view.namespace, view.uid, view.spec, shape, {g: p["nodes"] for g, p in placement.items()}
-    )
+    ppg = shape.pods_per_group
+    expected = {
+        pod_name(view.name, g * ppg + i): node
+        for g, entry in placement.items()
+        for i, node in enumerate(entry["nodes"])
+    }
     broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
     if broken:
         return _restart(cyc, view, status, shape, broken, pods)
 
+    def build(names: list[str]) -> list[dict[str, Any]]:
+        # Manifests (a deep copy of the template each) only for the groups that miss a pod.
+        groups = {int(n.rsplit("-", 1)[1]) // ppg for n in names}
+        made = training_pods(
+            view.name, view.namespace, view.uid, view.spec, shape, {g: placement[g]["nodes"] for g in sorted(groups)}
+        )
+        return [made[n] for n in names]
+
     cyc.delete_stale_pods(pods, expected)  # left over from a larger shape, or a group re-placed elsewhere
-    missing = cyc.sync_gang(view.namespace, pods, expected)
+    missing = cyc.sync_gang(view.namespace, pods, expected, build)
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
 

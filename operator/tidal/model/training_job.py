@@ -10,6 +10,10 @@ from pydantic import Field, model_validator
 from tidal.model.common import ApiModel, Condition
 
 DEFAULT_ACCELERATOR = "nvidia.com/gpu"
+ASSIGNMENT_NODES_MAX = 786_432
+"""Characters of status.assignment.nodes (768 KiB): with groups, the schema's bound on a placement."""
+ASSIGNMENT_GROUPS_MAX = 262_144
+"""Characters of status.assignment.groups (256 KiB)."""
 
 
 class ElasticSpec(ApiModel):
@@ -147,6 +151,25 @@ class GroupPlacement(ApiModel):
     nodes: list[str] = Field(default_factory=list, description="Nodes of the group's pods, in rank order.")
 
 
+class PlacementAssignment(ApiModel):
+    """Where every pod runs, compactly: each node once, groups as runs of indices into it.
+
+    Together the two strings are at most 1 MiB (their maxLength), which keeps the whole status well
+    under etcd's 1.5 MiB object limit; a placement that would not fit is refused at admission.
+    """
+
+    nodes: str = Field(
+        max_length=ASSIGNMENT_NODES_MAX,
+        description="Every node the job uses, once, in order of first use, as hostlists: "
+        "nvl72-0000-n[00-17],nvl72-0001-n[00-03,05].",
+    )
+    groups: str = Field(
+        max_length=ASSIGNMENT_GROUPS_MAX,
+        description="Runs of consecutive HBD groups on one supernode, ';'-separated: "
+        "first-last@supernode=pods, pods being node indices in rank order (a-b each once, a-b*k each k times).",
+    )
+
+
 class EvictionStatus(ApiModel):
     """A checkpoint-first eviction in progress: pods are deleted once the job confirms its checkpoint
     (annotation tidal.dev/checkpoint-done) or the grace period runs out."""
@@ -175,7 +198,15 @@ class TrainingJobStatus(ApiModel):
     reason: str = Field(default="", description="Why the job is in this phase (for Pending: the numbers).")
     world_size: int | None = Field(default=None, description="tp*ep*pp*dp of the running shape.")
     current_dp: int | None = Field(default=None, alias="currentDP", description="DP degree it runs with now.")
-    placement: list[GroupPlacement] = Field(default_factory=list, description="Group -> supernode -> nodes.")
+    assignment: PlacementAssignment | None = Field(
+        default=None,
+        description="Group -> supernode -> nodes of every pod (compact form; `tidal placement` expands it).",
+    )
+    placement: list[GroupPlacement] = Field(
+        default_factory=list,
+        description="Old form of the placement (one entry per group, every node listed), read from objects "
+        "written before `assignment`; replaced by `assignment` on the next status write.",
+    )
     supernodes: int | None = Field(default=None, description="Number of supernodes the job spans.")
     restarts: int = Field(default=0, ge=0, description="Restarts after failures so far.")
     admitted_at: str | None = Field(default=None, description="When the gang was last admitted.")

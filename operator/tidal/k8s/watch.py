@@ -1,0 +1,401 @@
+"""The watch side: what the operator knows about the cluster, kept up to date event by event.
+
+`WatchCache` holds the watched objects (the same plain views as `ClusterState`) plus indices that
+watch events update in O(1) each:
+
+- a node label index (label -> value -> node names), from which Supernode membership is derived
+  only when a node's labels, readiness or existence or a Supernode changed (never per cycle);
+- pods by owner (per-job pod views), the pod uids alive, and GPUs held by non-tidal pods per node;
+- `dirty_owners` / `dirty_nodes`: what changed since the last cycle, so a cycle reconciles only
+  the workloads whose pods, nodes or objects moved.
+
+`SnapshotKeeper` keeps one `ClusterSnapshot` alive across cycles and updates it in place: node
+capacity and health from the watch, GPUs held from each workload's recorded placement (diffed per
+workload, only when its status object changed). A cycle mutates the snapshot as it admits and
+releases (the journal notes which nodes); the next cycle puts exactly those nodes back to the
+truth before it starts. `capacity_version` moves whenever any node's free GPUs go up, so a queued
+job that did not fit need not be tried again until it moves (the Kueue "inadmissible until the
+cluster changes" rule).
+
+Events are fed from kopf handlers on the event loop (`feed`: an append) and applied by the cycle
+thread (`drain`), so the event loop never waits for a cycle and the cycle never sees a half-applied
+change.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from tidal.k8s import labels
+from tidal.k8s.cache import Membership, membership_of
+from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
+from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
+
+OwnerKey = tuple[str, str | None, str]
+
+
+class WatchCache:
+    """ClusterState's interface (nodes, pods, supernodes, jobs, pools, pods_of) kept incrementally."""
+
+    def __init__(self, supernode_label: str = labels.SUPERNODE):
+        self.supernode_label = supernode_label
+        self.nodes: dict[str, NodeView] = {}
+        self.pods: dict[tuple[str, str], PodView] = {}
+        self.supernodes: dict[str, ResourceView] = {}
+        self.jobs: dict[tuple[str | None, str], ResourceView] = {}
+        self.pools: dict[tuple[str | None, str], ResourceView] = {}
+        self._label_index: dict[str, dict[str, set[str]]] = {}
+        self._by_owner: dict[OwnerKey, dict[str, PodView]] = {}
+        self.pod_uids: set[str] = set()
+        self.other_held: dict[str, Counter[str]] = {}
+        """Node -> accelerators held by bound, active pods tidal does not own."""
+        self.dirty_owners: set[OwnerKey] = set()
+        self.dirty_nodes: set[str] = set()
+        self._members: dict[str, Membership] | None = None
+        self._last_members: dict[str, Membership] | None = None
+        self.membership_version = 0
+        self._events: collections.deque[tuple[str, Any, Any]] = collections.deque()
+
+    # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
+    def feed(self, kind: str, key: Any, view: Any) -> None:
+        """Record a watch event: `view` is the new object, or None when it was deleted."""
+        self._events.append((kind, key, view))
+
+    def discard_events(self) -> None:
+        self._events.clear()
+
+    def drain(self) -> int:
+        n = 0
+        while self._events:
+            kind, key, view = self._events.popleft()
+            self.apply(kind, key, view)
+            n += 1
+        return n
+
+    def apply(self, kind: str, key: Any, view: Any) -> None:
+        if kind == "node":
+            self._put_node(key, view)
+        elif kind == "pod":
+            self._put_pod(key, view)
+        elif kind == "supernode":
+            self._put_resource(self.supernodes, key, view, members=True)
+        elif kind == "job":
+            self._put_resource(self.jobs, key, view)
+        elif kind == "pool":
+            self._put_resource(self.pools, key, view)
+        else:
+            raise ValueError(f"unknown kind {kind}")
+
+    def sync(self, state: ClusterState) -> None:
+        """Bring the cache to `state` (a full listing), applying only the differences."""
+        for kind, mine, theirs in (
+            ("node", self.nodes, state.nodes),
+            ("pod", self.pods, state.pods),
+            ("supernode", self.supernodes, state.supernodes),
+            ("job", self.jobs, state.jobs),
+            ("pool", self.pools, state.pools),
+        ):
+            for key in [k for k in mine if k not in theirs]:
+                self.apply(kind, key, None)
+            for key, view in theirs.items():
+                old = mine.get(key)
+                if old is not view and old != view:
+                    self.apply(kind, key, view)
+
+    # -- nodes ----------------------------------------------------------------------------
+    def _put_node(self, name: str, view: NodeView | None) -> None:
+        old = self.nodes.get(name)
+        if view is not None and old == view:
+            return
+        self.dirty_nodes.add(name)
+        if old is not None:
+            for k, v in old.labels.items():
+                if view is None or view.labels.get(k) != v:
+                    values = self._label_index.get(k, {})
+                    values.get(v, set()).discard(name)
+        if view is None:
+            self.nodes.pop(name, None)
+            self._members = None
+            return
+        for k, v in view.labels.items():
+            if old is None or old.labels.get(k) != v:
+                self._label_index.setdefault(k, {}).setdefault(v, set()).add(name)
+        self.nodes[name] = view
+        if old is None or self._moves_membership(old, view):
+            self._members = None  # membership (or the spare choice) may move
+
+    def _moves_membership(self, old: NodeView, new: NodeView) -> bool:
+        """Only labels some selector (or the block/spare rules) reads, or readiness when a
+        Supernode chooses spares by count; a label nobody selects on changes nothing."""
+        if old.ready != new.ready and any(
+            (sn.spec.get("spares") or {}).get("count") for sn in self.supernodes.values()
+        ):
+            return True
+        if old.labels == new.labels:
+            return False
+        changed = {k for k in old.labels.keys() | new.labels.keys() if old.labels.get(k) != new.labels.get(k)}
+        keys = {self.supernode_label, labels.BLOCK, labels.SPARE}
+        for sn in self.supernodes.values():
+            keys.update((sn.spec.get("nodeSelector") or {}).keys())
+        return bool(changed & keys)
+
+    def nodes_with(self, selector: dict[str, str]) -> set[str]:
+        """Nodes carrying every label of the selector, from the index (no scan)."""
+        sets = []
+        for k, v in selector.items():
+            found = self._label_index.get(k, {}).get(v)
+            if not found:
+                return set()
+            sets.append(found)
+        if not sets:
+            return set(self.nodes)
+        sets.sort(key=len)
+        return set(sets[0]).intersection(*sets[1:])
+
+    # -- pods -----------------------------------------------------------------------------
+    def _put_pod(self, key: tuple[str, str], view: PodView | None) -> None:
+        old = self.pods.get(key)
+        if view is not None and old == view:
+            return
+        if old is not None:
+            self._index_pod(old, -1)
+        if view is None:
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = view
+            self._index_pod(view, +1)
+
+    def _index_pod(self, pod: PodView, sign: int) -> None:
+        if pod.owner is not None:
+            owner = (pod.owner[0], pod.namespace, pod.owner[1])
+            self.dirty_owners.add(owner)
+            pods = self._by_owner.setdefault(owner, {})
+            if sign > 0:
+                pods[pod.name] = pod
+            else:
+                pods.pop(pod.name, None)
+                if not pods:
+                    del self._by_owner[owner]
+        if sign > 0:
+            self.pod_uids.add(pod.uid)
+        else:
+            self.pod_uids.discard(pod.uid)
+        if pod.owner is None and pod.bound and pod.active and pod.node:
+            held = self.other_held.setdefault(pod.node, Counter())
+            for resource, n in pod.requests.items():
+                held[resource] += sign * n
+            self.dirty_nodes.add(pod.node)
+
+    def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
+        return list(self._by_owner.get((kind, namespace, name), {}).values())
+
+    def pods_by_name(self, kind: str, namespace: str | None, name: str) -> dict[str, PodView]:
+        return dict(self._by_owner.get((kind, namespace, name), {}))
+
+    # -- tidal resources ------------------------------------------------------------------
+    def _put_resource(self, store: dict, key: Any, view: ResourceView | None, members: bool = False) -> None:
+        old = store.get(key)
+        if view is None:
+            if store.pop(key, None) is not None and members:
+                self._members = None
+            return
+        store[key] = view
+        if members and (old is None or old.spec != view.spec or old.deleting != view.deleting):
+            self._members = None
+
+    # -- membership -----------------------------------------------------------------------
+    def memberships(self) -> dict[str, Membership]:
+        """Supernode -> members from the label index; recomputed only after a relevant change."""
+        if self._members is None:
+            claimed: set[str] = set()
+            result: dict[str, Membership] = {}
+            for name in sorted(self.supernodes):
+                sn = self.supernodes[name]
+                if sn.deleting:
+                    continue
+                selector = sn.spec.get("nodeSelector") or {self.supernode_label: name}
+                members = tuple(sorted(self.nodes_with(selector) - claimed))
+                claimed.update(members)
+                result[name] = membership_of(name, sn.spec, members, self.nodes)
+            if result != self._last_members:  # recomputed to the same answer: the snapshot stays
+                self.membership_version += 1
+            self._members = self._last_members = result
+        return self._members
+
+    def take_dirty(self) -> tuple[set[OwnerKey], set[str]]:
+        owners, nodes = self.dirty_owners, self.dirty_nodes
+        self.dirty_owners, self.dirty_nodes = set(), set()
+        return owners, nodes
+
+
+class JournaledSnapshot(ClusterSnapshot):
+    """A ClusterSnapshot that notes which nodes a cycle changed and whether free GPUs went up."""
+
+    def __init__(self, supernodes: Iterable[SupernodeState] = (), nodes: Iterable[NodeState] = ()):
+        self.touched: set[str] = set()
+        """Nodes this cycle changed (admissions, releases, reservations)."""
+        self.refreshed: set[str] = set()
+        """Nodes put back to the truth at the start of this cycle."""
+        self.rebuilt = True
+        """Built from scratch for this cycle (every node is new)."""
+        self.capacity_version = 0
+        self.mutations = 0
+        super().__init__(supernodes, nodes)
+
+    def update_node(self, name: str, **changes: object) -> None:
+        node = self.nodes[name]
+        before = node.free
+        super().update_node(name, **changes)
+        self.mutations += 1
+        self.touched.add(name)
+        if node.free > before:
+            self.capacity_version += 1
+
+    def set_truth(self, name: str, **changes: object) -> None:
+        ClusterSnapshot.update_node(self, name, **changes)
+
+
+class SnapshotKeeper:
+    """One long-lived snapshot: rebuilt only when membership changes, otherwise patched in place."""
+
+    def __init__(self) -> None:
+        self.snapshot: JournaledSnapshot | None = None
+        self._membership_version = -1
+        self._accelerator_of: dict[str, str] = {}
+        self._spares: dict[str, frozenset[str]] = {}
+        self.tidal_held: Counter[str] = Counter()
+        """Node -> GPUs booked by tidal placements (from statuses)."""
+        self._allocs: dict[str, tuple[Any, dict[str, int]]] = {}
+        """Workload uid -> (the status object it was computed from, node -> GPUs)."""
+        self.uids_on_node: dict[str, set[str]] = {}
+        self._truth_free: dict[str, int] = {}
+        self._stale: set[str] = set()
+        self.capacity_version = 0
+        self.rebuilds = 0
+
+    # -- bookings from statuses -----------------------------------------------------------
+    def set_allocations(self, uid: str, source: Any, allocations: Iterable[tuple[str, int]]) -> bool:
+        """Book a workload's GPUs; `source` (its status object) skips the work when unchanged.
+        Returns True if its nodes grew (a new potential preemption victim)."""
+        old = self._allocs.get(uid)
+        if old is not None and old[0] is source:
+            return False
+        per_node: Counter[str] = Counter()
+        for node, gpus in allocations:
+            per_node[node] += gpus
+        before = old[1] if old else {}
+        if before == per_node:
+            self._allocs[uid] = (source, before)
+            return False
+        for node, gpus in before.items():
+            self.tidal_held[node] -= gpus
+            self.uids_on_node.get(node, set()).discard(uid)
+            self._stale.add(node)
+        for node, gpus in per_node.items():
+            self.tidal_held[node] += gpus
+            self.uids_on_node.setdefault(node, set()).add(uid)
+            self._stale.add(node)
+        self._allocs[uid] = (source, dict(per_node))
+        return any(per_node.get(n, 0) > before.get(n, 0) for n in per_node)
+
+    def forget(self, live: set[str]) -> None:
+        for uid in [u for u in self._allocs if u not in live]:
+            self.set_allocations(uid, None, ())
+            del self._allocs[uid]
+
+    def jobs_on(self, nodes: Iterable[str]) -> set[str]:
+        out: set[str] = set()
+        for node in nodes:
+            out |= self.uids_on_node.get(node, set())
+        return out
+
+    # -- the snapshot ---------------------------------------------------------------------
+    def refresh(self, cache: WatchCache, dirty_nodes: set[str]) -> JournaledSnapshot:
+        """The snapshot for this cycle: last cycle's scratch changes undone, watch changes in."""
+        members = cache.memberships()
+        if self.snapshot is None or cache.membership_version != self._membership_version:
+            self._rebuild(cache, members)
+            return self.snapshot
+        snap = self.snapshot
+        stale = self._stale | snap.touched | dirty_nodes
+        self._stale = set()
+        snap.touched = set()
+        snap.refreshed = stale
+        snap.rebuilt = False
+        for name in stale:
+            state = snap.nodes.get(name)
+            if state is None:
+                continue
+            node = cache.nodes.get(name)
+            if node is None:  # gone: the next membership change drops it; hold it unusable till then
+                snap.set_truth(name, ready=False)
+            else:
+                acc = self._accelerator_of[name]
+                snap.set_truth(
+                    name,
+                    gpus=node.capacity.get(acc, 0),
+                    ready=node.ready,
+                    cordoned=node.unschedulable,
+                    spare=name in self._spares.get(state.supernode, ()),
+                    allocated=self._held(name),
+                )
+            if state.free > self._truth_free.get(name, 0):
+                self.capacity_version += 1
+            self._truth_free[name] = state.free
+        snap.capacity_version = self.capacity_version
+        return snap
+
+    def end_cycle(self) -> None:
+        """Free GPUs that went up inside the cycle (releases) count as capacity for the queue."""
+        if self.snapshot is not None:
+            self.capacity_version = max(self.capacity_version, self.snapshot.capacity_version)
+
+    def _held(self, name: str) -> int:
+        acc = self._accelerator_of.get(name, "")
+        return self.tidal_held.get(name, 0) + self._other(name, acc)
+
+    def _other(self, name: str, acc: str) -> int:
+        held = self._cache.other_held.get(name)
+        return held.get(acc, 0) if held else 0
+
+    def _rebuild(self, cache: WatchCache, members: dict[str, Membership]) -> None:
+        self._cache = cache
+        snap = JournaledSnapshot(
+            SupernodeState(m.supernode, m.accelerator, list(m.nodes), m.block, m.spine, m.zone)
+            for m in members.values()
+        )
+        self._accelerator_of = {}
+        self._spares = {m.supernode: m.spares for m in members.values()}
+        for m in members.values():
+            for name in m.nodes:
+                node = cache.nodes[name]
+                self._accelerator_of[name] = m.accelerator
+                snap.add_node(
+                    NodeState(
+                        name=name,
+                        supernode=m.supernode,
+                        gpus=node.capacity.get(m.accelerator, 0),
+                        ready=node.ready,
+                        cordoned=node.unschedulable,
+                        spare=name in m.spares,
+                    )
+                )
+        for name in snap.nodes:
+            held = self._held(name)
+            if held:
+                # Recorded as held even beyond capacity, so over-booking shows up instead of hiding.
+                snap.set_truth(name, allocated=held)
+        old_free = self._truth_free
+        self._truth_free = {name: n.free for name, n in snap.nodes.items()}
+        if any(free > old_free.get(name, 0) for name, free in self._truth_free.items()):
+            self.capacity_version += 1
+        snap.capacity_version = self.capacity_version
+        self._stale = set()
+        self.snapshot = snap
+        self._membership_version = cache.membership_version
+        self.rebuilds += 1
+
+    _cache: WatchCache

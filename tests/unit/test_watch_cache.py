@@ -1,0 +1,198 @@
+"""The incremental watch cache and what the cycle skips because of it (k8s/watch.py)."""
+
+import dataclasses
+import datetime as dt
+
+from tidal.clock import FixedClock
+from tidal.k8s import labels
+from tidal.k8s.cache import build_snapshot, memberships
+from tidal.k8s.controller import Controller
+from tidal.k8s.pools import pool_allocations
+from tidal.k8s.state import pod_view
+from tidal.k8s.training import allocations
+from tidal.k8s.watch import WatchCache
+
+from .fake_cluster import FakeCluster
+from .test_rebalance import TEMPLATE, run
+
+NOW = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+
+
+def job(cluster: FakeCluster, name: str, dp: int, priority: int = 0, preemptible: bool = False):
+    spec = {"tp": 4, "ep": 4, "pp": 1, "dp": dp, "gpusPerPod": 4, "template": TEMPLATE, "priority": priority}
+    return cluster.add("TrainingJob", "ml", name, {**spec, "preemptible": preemptible})
+
+
+def relabel(cluster: FakeCluster, node: str, supernode: str) -> None:
+    view = cluster.nodes[node]
+    cluster.nodes[node] = dataclasses.replace(view, labels={**view.labels, labels.SUPERNODE: supernode})
+
+
+def test_membership_follows_label_changes_through_the_index():
+    cluster = FakeCluster("nvl72", 3)
+    cache = WatchCache()
+    cache.sync(cluster.state())
+    assert cache.memberships() == memberships(cluster.state())
+    version = cache.membership_version
+    assert cache.memberships() is cache.memberships(), "not recomputed without a change"
+    assert cache.membership_version == version
+
+    relabel(cluster, "nvl72-0000-n03", "nvl72-0002")
+    cache.sync(cluster.state())
+    members = cache.memberships()
+    assert "nvl72-0000-n03" in members["nvl72-0002"].nodes
+    assert "nvl72-0000-n03" not in members["nvl72-0000"].nodes
+    assert members == memberships(cluster.state())
+
+    # A pod event alone never touches membership.
+    version = cache.membership_version
+    cache.feed("pod", ("x", "p"), pod_view({"metadata": {"name": "p", "namespace": "x", "uid": "u"}}))
+    cache.drain()
+    cache.memberships()
+    assert cache.membership_version == version
+
+    cache.feed("node", "nvl72-0001-n00", None)
+    cache.drain()
+    assert cache.memberships() == memberships(cluster_state_without(cluster, "nvl72-0001-n00"))
+
+
+def cluster_state_without(cluster: FakeCluster, node: str):
+    state = cluster.state()
+    del state.nodes[node]
+    return state
+
+
+def test_pod_views_follow_events_without_a_full_listing():
+    cache = WatchCache()
+    body = {
+        "metadata": {"name": "j-0", "namespace": "ml", "uid": "u1", "labels": {labels.JOB: "j"}},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Pending"},
+    }
+    cache.feed("pod", ("ml", "j-0"), pod_view(body))
+    cache.drain()
+    assert [p.name for p in cache.pods_of("TrainingJob", "ml", "j")] == ["j-0"]
+    assert cache.take_dirty()[0] == {("TrainingJob", "ml", "j")}
+    cache.feed("pod", ("ml", "j-0"), pod_view({**body, "status": {"phase": "Running"}}))
+    cache.drain()
+    assert cache.pods_of("TrainingJob", "ml", "j")[0].phase == "Running"
+    assert cache.take_dirty()[0] == {("TrainingJob", "ml", "j")}
+    cache.feed("pod", ("ml", "j-0"), None)
+    cache.drain()
+    assert cache.pods_of("TrainingJob", "ml", "j") == [] and "u1" not in cache.pod_uids
+
+
+def test_other_pods_gpus_are_held_per_node_and_released_on_delete():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    node = "nvl72-0000-n00"
+    cluster.pods[("default", "other")] = {
+        "metadata": {"name": "other", "namespace": "default", "uid": "o1"},
+        "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}]},
+        "status": {"phase": "Running"},
+    }
+    run(cluster, controller, cycles=1)
+    assert controller.keeper.snapshot.nodes[node].allocated == 3
+    del cluster.pods[("default", "other")]
+    run(cluster, controller, cycles=1)
+    assert controller.keeper.snapshot.nodes[node].allocated == 0
+
+
+def test_snapshot_patched_in_place_equals_a_full_rebuild():
+    cluster = FakeCluster("nvl72", 3)
+    job(cluster, "a", 2)
+    job(cluster, "b", 1, priority=5)
+    job(cluster, "c", 9)  # does not fit
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=4)
+    lost = cluster.status("TrainingJob", "ml", "a")["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=3)
+    rebuilds = controller.keeper.rebuilds
+
+    state = cluster.state()
+    controller.cache.sync(state)
+    controller.cache.memberships()
+    _, dirty = controller.cache.take_dirty()
+    statuses = {v.uid: (v, controller.writer.effective(v)) for v in state.jobs.values()}
+    pools = {v.uid: (v, controller.writer.effective(v)) for v in state.pools.values()}
+    controller._book(statuses, pools)
+    patched = controller.keeper.refresh(controller.cache, dirty)
+    held = [a for v, s in statuses.values() for a in allocations(v, s)]
+    held += [a for v, s in pools.values() for a in pool_allocations(v, s)]
+    rebuilt = build_snapshot(state, memberships(state), held)
+    assert controller.keeper.rebuilds == rebuilds, "patched, not rebuilt"
+    for name, node in rebuilt.nodes.items():
+        mine = patched.nodes[name]
+        fields = ("allocated", "gpus", "ready", "spare")
+        assert [getattr(mine, f) for f in fields] == [getattr(node, f) for f in fields], name
+    for sn in rebuilt.supernodes:
+        assert patched.pod_slots(sn, 4) == rebuilt.pod_slots(sn, 4)
+
+
+def test_settled_jobs_are_not_reconciled_until_their_pods_move():
+    cluster = FakeCluster("nvl72", 2)
+    job(cluster, "a", 2)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=4)
+    assert cluster.status("TrainingJob", "ml", "a")["phase"] == "Running"
+    cluster.calls.clear()
+    run(cluster, controller, cycles=1)
+    assert controller.last_report.cycle.counters.get("reconciles_skipped") == 1
+    assert cluster.calls == []
+
+    del cluster.pods[("ml", "a-3")]  # the watch shows a pod gone: the job is looked at again
+    run(cluster, controller, cycles=1)
+    assert "reconciles_skipped" not in controller.last_report.cycle.counters
+    assert any(verb == "patch_status" for verb, _ in cluster.calls)
+
+
+def finish(cluster: FakeCluster, name: str) -> None:
+    cluster.objects[("TrainingJob", "ml", name)] = dataclasses.replace(
+        cluster.get("TrainingJob", "ml", name), deleting=True
+    )
+    for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get(labels.JOB) == name]:
+        del cluster.pods[key]
+
+
+def test_queued_job_retried_only_when_capacity_goes_up_and_written_only_when_its_reason_kind_changes():
+    cluster = FakeCluster("nvl72", 2)  # 8 groups of 16 (4 per rack of 72)
+    job(cluster, "small", 1)
+    job(cluster, "mid", 2)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=2)
+    job(cluster, "big", 8)  # needs every group the cluster holds
+    run(cluster, controller, cycles=1)
+    big = cluster.status("TrainingJob", "ml", "big")
+    assert big["phase"] == "Pending" and "InsufficientFreeCapacity" in {c["reason"] for c in big["conditions"]}
+    assert len([d for v, d in cluster.calls if v == "event" and d[0] == "big"]) == 1
+
+    cluster.calls.clear()
+    run(cluster, controller, cycles=2)
+    cyc = controller.last_report.cycle
+    assert cyc.counters.get("queue_skipped") == 1 and cyc.placements_ms == [], "nothing moved: not tried"
+
+    # Free GPUs go up (mid finishes): tried again, still short; the numbers changed, the kind did
+    # not, so neither the status nor a new Warning event is written.
+    finish(cluster, "mid")
+    cluster.calls.clear()
+    run(cluster, controller, cycles=1)
+    assert controller.last_report.cycle.placements_ms, "retried after capacity went up"
+    assert cluster.status("TrainingJob", "ml", "big")["phase"] == "Pending"
+    assert not [d for v, d in cluster.calls if d and d[0] == "big" and v in ("patch_status", "event")]
+    assert cluster.status("TrainingJob", "ml", "big")["reason"] == big["reason"], "numbers kept"
+
+    finish(cluster, "small")
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "big")["phase"] in ("Admitted", "Running")
+
+
+def test_a_label_no_selector_reads_does_not_touch_membership_or_the_snapshot():
+    cluster = FakeCluster("nvl72", 2)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=1)
+    version, rebuilds = controller.cache.membership_version, controller.keeper.rebuilds
+    view = cluster.nodes["nvl72-0000-n01"]
+    cluster.nodes["nvl72-0000-n01"] = dataclasses.replace(view, labels={**view.labels, "team": "a"})
+    run(cluster, controller, cycles=1)
+    assert (controller.cache.membership_version, controller.keeper.rebuilds) == (version, rebuilds)
