@@ -51,8 +51,8 @@ GROW_COOLDOWN_S = 3600.0
 FORECAST_LEAD_S = 3600.0
 """Tidal scales inference for the next hour's forecast demand."""
 FORECAST_DAYS = 7
-BUDGET_SHARE = 0.05
-"""Disruption budget, as the operator's --disruption-budget-gpus-per-hour: at most 5% of the
+BUDGET_SHARE = 0.10
+"""Disruption budget, as the operator's --disruption-budget-gpus-per-hour: at most 10% of the
 cluster's GPUs asked to checkpoint (suspend or shrink) in any hour."""
 
 
@@ -271,6 +271,7 @@ class Tidal(Autoscaled):
         self.waiting = False
         self.evicted: list[tuple[float, int]] = []  # (when, GPUs) for the disruption budget
         self.targets: dict[str, int] = {}
+        self.stuck: set[str] = set()
 
     def budget_left(self, sim: Simulation) -> int | None:
         if self.budget_share is None:
@@ -280,6 +281,7 @@ class Tidal(Autoscaled):
 
     def tick(self, sim: Simulation) -> None:
         self.waiting = False
+        self.stuck.clear()
         for pool in sim.pools.values():
             self.targets[pool.name] = self.target(sim, pool)
             sim.remove_replicas(pool, self.targets[pool.name])
@@ -299,9 +301,18 @@ class Tidal(Autoscaled):
         if any(j.state == "checkpointing" for j in sim.active.values()):
             self.waiting = True  # room is being made; decide again once those checkpoints finish
             return
-        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), self.budget_left(sim))
+        if pool.name in self.stuck:
+            return  # no room to be had this tick; ask again at the next one
+        budget = self.budget_left(sim)
+        if budget == 0:
+            sim.totals.budget_limited += 1
+            self.stuck.add(pool.name)
+            return
+        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), budget)
         if "budget" in plan.reason:
             sim.totals.budget_limited += 1
+        if not plan.evictions:
+            self.stuck.add(pool.name)
         for eviction in plan.evictions:
             job = sim.jobs[eviction.gang]
             if not eviction.whole:

@@ -29,7 +29,7 @@ from statistics import NormalDist
 from tidal.placement.workload_mix import TRAINING_MIX, JobShape, sample_shapes
 
 WINDOW = 600  # seconds: the traces' resolution
-WARM_DAYS = 14
+WARM_DAYS = 51  # > HELIOS_MAX_RUN_S: every job that could still run at day 0
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 SOFTWARE_CATEGORIES = {"Dependency", "Unknown"}
 # AcmeTrace cluster_summary.csv, Helios row: GPU jobs' median and mean run time, longest run.
