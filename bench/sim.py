@@ -1,19 +1,104 @@
-"""Simulator benchmark: 7 days on 72,000 GPUs of NVL72 racks, the four policies side by side.
+"""Simulator benchmark: 7 days on 72,000 GPUs of NVL72 racks, the five policies side by side,
+over several seeds (mean and spread).
 
-    python -m bench.sim [--json] [--days 7] [--gpus 72000] [--seed 7]
+    python -m bench.sim [--json] [--days 7] [--gpus 72000] [--seeds 7,8,9] [--shape nvl72]
+    python -m bench.sim --quick          # CI smoke: 1,440 GPUs, 1 day, one seed
+    python -m bench.sim --sweep          # offered training load 50/80/100/120%, inference peak 0.2/0.4/0.6
 
-Prints one JSON object: wall_s, gpus, days, and per policy gpu_utilization, training_gpu_hours,
-inference_demand_met (0..1), job_wait_p50_s, job_wait_p95_s, hbd_split_groups,
-lost_gpu_hours_failures, lost_gpu_hours_preemption (and a few more). See tidal/sim/*.py for the
-workload model and its calibration.
+Prints (or with --json, one JSON object): per policy the mean over seeds of goodput_gpu_hours
+(training progress after every cost), inference_demand_met, inference_slo_violation_minutes,
+evictions, flaps and the rest of tidal.sim.run.summarize; `spread` (min, max per figure);
+lead_vs_autoscale_preempt = tidal goodput / autoscale-preempt goodput (mean over seeds; null if
+tidal met less inference demand in some seed); wall_s per seed for the whole policy set; and
+the job mix's shares of jobs and of offered GPU-time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+from concurrent.futures import ProcessPoolExecutor
 
-from tidal.sim.run import Scenario, run_scenario, table
+from tidal.sim.policies import DEFAULT_POLICIES, POLICIES
+from tidal.sim.run import Scenario, over_seeds, run_scenario, table
+from tidal.sim.workload import mix_gpu_time_shares
+
+SWEEP_LOADS = (0.5, 0.8, 1.0, 1.2)
+SWEEP_PEAKS = (0.2, 0.4, 0.6)
+
+
+def _run(args: tuple[Scenario, list[str]]) -> dict:
+    scenario, policies = args
+    result = run_scenario(scenario, policies)
+    result.pop("series")
+    return result
+
+
+def run_seeds(base: Scenario, seeds: list[int], policies: list[str], jobs: int = 1) -> dict:
+    work = [(dataclasses.replace(base, seed=s), policies) for s in seeds]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            runs = list(pool.map(_run, work))
+    else:
+        runs = [_run(w) for w in work]
+    agg = over_seeds(runs)
+    return {
+        "gpus": runs[0]["gpus"],
+        "shape": base.shape,
+        "days": base.days,
+        "seeds": seeds,
+        "inference_peak_share": base.inference_peak_share,
+        "training_load_share": base.training_load_share,
+        "wall_s_per_seed": [r["wall_s"] for r in runs],
+        "wall_s_by_policy": [r["wall_s_by_policy"] for r in runs],
+        "training_jobs": [r["training_jobs"] for r in runs],
+        "failures": [r["failures"] for r in runs],
+        "policies": {n: {k: v["mean"] for k, v in m.items()} for n, m in agg["policies"].items()},
+        "spread": {n: {k: [v["min"], v["max"]] for k, v in m.items()} for n, m in agg["policies"].items()},
+        "lead_vs_autoscale_preempt": agg["lead_vs_autoscale_preempt"]["mean"]
+        if agg["lead_vs_autoscale_preempt"]
+        else None,
+        "goodput_ratio_tidal_vs_autoscale_preempt": agg["goodput_ratio_tidal_vs_autoscale_preempt"],
+        "per_seed_lead": [r["lead_vs_autoscale_preempt"] for r in runs],
+        "_agg": agg,
+    }
+
+
+def mix_lines() -> list[str]:
+    lines = ["job mix (tp*ep group, GPUs): share of jobs / share of offered GPU-time"]
+    for shape, jobs, gpu_time in mix_gpu_time_shares():
+        lines.append(f"  {shape.gpus:>5} GPUs, group {shape.tp * shape.ep:>3}: {jobs:6.1%} / {gpu_time:6.1%}")
+    return lines
+
+
+def sweep(base: Scenario, seeds: list[int], policies: list[str], jobs: int) -> list[dict]:
+    points = [dataclasses.replace(base, training_load_share=x) for x in SWEEP_LOADS]
+    points += [dataclasses.replace(base, inference_peak_share=x) for x in SWEEP_PEAKS if x != base.inference_peak_share]
+    out = []
+    for p in points:
+        r = run_seeds(p, seeds, policies, jobs)
+        r.pop("_agg")
+        out.append(r)
+    return out
+
+
+def sweep_table(rows: list[dict]) -> str:
+    names = list(rows[0]["policies"])
+    head = f"{'load':>5} {'peak':>5}  " + "  ".join(f"{n:>17}" for n in names) + "  tidal/autoscale"
+    lines = ["goodput M GPU-h (inference demand met %)", head]
+    for r in rows:
+        cells = [
+            f"{r['policies'][n]['goodput_gpu_hours'] / 1e6:.3f} ({100 * r['policies'][n]['inference_demand_met']:.2f})"
+            for n in names
+        ]
+        ratio = r["goodput_ratio_tidal_vs_autoscale_preempt"]
+        lines.append(
+            f"{r['training_load_share']:>5} {r['inference_peak_share']:>5}  "
+            + "  ".join(f"{c:>17}" for c in cells)
+            + (f"  {ratio['mean']:.3f}" if ratio else "")
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -21,18 +106,46 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--gpus", type=int, default=72_000)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seeds", default="7,8,9", help="comma-separated; at least 3 for a spread")
+    parser.add_argument("--shape", default="nvl72", choices=["nvl72", "cm384", "hgx8", "mixed"])
+    parser.add_argument("--policy", action="append", choices=list(POLICIES), help="default: the five")
+    parser.add_argument("--training-load-share", type=float, default=1.0)
+    parser.add_argument("--inference-peak-share", type=float, default=0.4)
+    parser.add_argument("--quick", action="store_true", help="CI smoke: 1,440 GPUs, 1 day, seed 7")
+    parser.add_argument("--sweep", action="store_true", help="load sweep instead of the single table")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
     args = parser.parse_args()
-    result = run_scenario(Scenario(gpus=args.gpus, days=args.days, seed=args.seed))
-    summary = {k: v for k, v in result.items() if k != "series"}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    base = Scenario(
+        shape=args.shape,
+        gpus=args.gpus,
+        days=args.days,
+        training_load_share=args.training_load_share,
+        inference_peak_share=args.inference_peak_share,
+    )
+    if args.quick:
+        base, seeds = dataclasses.replace(base, gpus=1440, days=1), seeds[:1]
+    policies = args.policy or list(DEFAULT_POLICIES)
+    if args.sweep:
+        rows = sweep(base, seeds, policies, args.jobs)
+        print(json.dumps(rows) if args.json else sweep_table(rows))
+        return
+    result = run_seeds(base, seeds, policies, args.jobs)
+    agg = result.pop("_agg")
+    result["mix"] = [
+        {"gpus": s.gpus, "group_gpus": s.tp * s.ep, "job_share": round(j, 4), "gpu_time_share": round(g, 4)}
+        for s, j, g in mix_gpu_time_shares()
+    ]
     if args.json:
-        print(json.dumps(summary))
-    else:
-        print(table(result))
-        print(
-            f"wall {result['wall_s']} s, {result['gpus']} GPUs, {result['days']} days, "
-            f"{result['training_jobs']} training jobs, {result['failures']} failures"
-        )
+        print(json.dumps(result))
+        return
+    print(table(agg))
+    print(f"lead_vs_autoscale_preempt {result['lead_vs_autoscale_preempt']} (per seed {result['per_seed_lead']})")
+    print(
+        f"{result['gpus']} GPUs ({result['shape']}), {result['days']} days, seeds {seeds}; "
+        f"wall per seed {result['wall_s_per_seed']} s; training jobs {result['training_jobs']}"
+    )
+    print("\n".join(mix_lines()))
 
 
 if __name__ == "__main__":

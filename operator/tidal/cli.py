@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--policy",
         action="append",
-        choices=["tidal", "topology-only", "static-split", "first-fit"],
-        help="run only these (repeatable); default: all four",
+        choices=["autoscale-preempt", "static-split", "topology-only", "first-fit", "tidal", "tidal-reactive"],
+        help="run only these (repeatable); default: the first five",
     )
     sim.add_argument(
         "--inference-peak-share",

@@ -3,18 +3,19 @@ operator's rebalancer does for the same state."""
 
 import dataclasses
 import datetime as dt
+import heapq
 import json
 
 import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller
-from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
+from tidal.placement import GangRequest, GroupAssignment, PlacementPlan, plan_gang
 from tidal.placement.workload_mix import JobShape
-from tidal.sim.engine import Job, Simulation
-from tidal.sim.policies import POLICIES, Tidal
-from tidal.sim.run import Scenario, run_scenario, write_outputs
-from tidal.sim.workload import TrainingArrival, Workload, build_workload
+from tidal.sim.engine import FREE, Costs, Job, Simulation
+from tidal.sim.policies import DEFAULT_POLICIES, POLICIES, Policy, Tidal, job_request
+from tidal.sim.run import Scenario, run_scenario, snapshot_for, write_outputs
+from tidal.sim.workload import Failure, TrainingArrival, Workload, build_workload
 from tidal.topology import build_fleet, snapshot_from_fleet
 
 from .fake_cluster import FakeCluster
@@ -28,6 +29,7 @@ def test_same_seed_same_results_and_another_seed_differs():
     b = run_scenario(SMALL)
     for r in (a, b):
         r.pop("wall_s")
+        r.pop("wall_s_by_policy")  # timings, not results
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     c = run_scenario(dataclasses.replace(SMALL, seed=12))
     assert c["policies"] != a["policies"]
@@ -100,7 +102,7 @@ def test_tidal_policy_decides_like_the_operator_rebalancer(replicas, expected):
     # The simulator, in the same state.
     snapshot = snapshot_from_fleet(build_fleet("nvl72", 4))
     workload = Workload(1, {"m-large": [replicas] * 144, "m-mid": [0] * 144, "m-small": [0] * 144}, [], [])
-    policy = Tidal()
+    policy = Tidal(budget_share=None)  # the operator here runs without a disruption budget
     sim = Simulation(snapshot, workload, policy)
     for i, (name, spec) in enumerate(specs.items()):
         shape = JobShape(spec["tp"], spec["ep"], spec["pp"], spec["dp"], spec["gpusPerPod"], 1)
@@ -114,7 +116,7 @@ def test_tidal_policy_decides_like_the_operator_rebalancer(replicas, expected):
     sim_victims: dict[str, tuple] = {}
     original = sim.request_checkpoint
     sim.request_checkpoint = lambda job, replicas: (sim_victims.__setitem__(job.id, replicas), original(job, replicas))
-    policy.grow(sim, sim.pools["m-large"], replicas)
+    policy.make_room(sim, sim.pools["m-large"], replicas)
 
     # The operator, asked for the same replicas of 8 GPUs.
     cluster.add(
@@ -138,3 +140,221 @@ def test_tidal_policy_decides_like_the_operator_rebalancer(replicas, expected):
             operator_victims[f"job-{i}"] = tuple(eviction["replicas"])
     assert operator_victims == expected
     assert {k: tuple(v) for k, v in sim_victims.items()} == operator_victims
+
+
+# -- costs ------------------------------------------------------------------------------------
+DENSE = JobShape(8, 1, 1, 2, 4, 1)  # 16 GPUs: two DP replicas of one 8-GPU group
+BIG_MODEL = JobShape(8, 1, 4, 2, 4, 1)  # four pipeline stages: a model four times the size
+
+
+class Idle(Policy):
+    """Admits nothing and changes nothing: tests drive the simulation by hand."""
+
+    name = "idle"
+
+    def admit(self, sim):
+        pass
+
+
+def hand_sim(costs=None, supernodes=2, spares=0, pools=None):
+    snapshot = snapshot_for(build_fleet("nvl72", supernodes), spares)
+    workload = Workload(1, pools or {"m-large": [0] * 144, "m-mid": [0] * 144, "m-small": [0] * 144}, [], [])
+    return Simulation(snapshot, workload, Idle(), costs=costs)
+
+
+def started(sim, shape=DENSE, job_id=0, priority=0, min_dp=1):
+    arrival = TrainingArrival(job_id, sim.now, shape, 1e6, priority, True, min_dp)
+    job = Job(arrival, dp=shape.dp, remaining=1e9)
+    sim.jobs[job.id] = job
+    plan = plan_gang(sim.snapshot, job_request(job, shape.dp))
+    sim.start(job, plan, shape.dp)
+    return job
+
+
+def until(sim, t):
+    """Process events up to time t, as Simulation.run does."""
+    while sim._events and sim._events[0][0] <= t:
+        at, _, kind, payload = heapq.heappop(sim._events)
+        sim._account(at)
+        sim.now = at
+        getattr(sim, f"_on_{kind}")(payload)
+    sim._account(t)
+    sim.now = t
+
+
+def test_checkpoint_time_grows_with_model_size_and_a_request_holds_the_gpus_that_long():
+    costs = Costs()
+    assert costs.save_s(BIG_MODEL, 16) == pytest.approx(4 * costs.save_s(DENSE, 16))  # same GPUs, 4x the bytes
+    assert costs.save_s(BIG_MODEL, 64) > 60
+    sim = hand_sim(costs)
+    job = started(sim, BIG_MODEL)
+    until(sim, 3600)
+    sim.request_checkpoint(job, ())
+    until(sim, 3600 + costs.save_s(BIG_MODEL, 64) - 1)
+    assert job.state == "checkpointing" and job.gpus_held == 64
+    until(sim, 3600 + costs.save_s(BIG_MODEL, 64) + 1)
+    assert job.state == "queued" and job.gpus_held == 0
+
+
+@pytest.mark.parametrize("how", ["shrink", "grow", "readmit", "first start"])
+def test_every_resize_restart_and_readmission_costs_restore_time(how):
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = started(sim)
+    assert job.state == "restoring"  # even a first start initializes before it trains
+    until(sim, 1000)
+    assert job.state == "running"
+    if how == "shrink":
+        sim.request_checkpoint(job, (1,))
+        until(sim, 1000 + costs.save_s(DENSE, 16))
+        stall, gpus = costs.restore_s(DENSE, 8), 8
+    elif how == "grow":
+        sim.request_checkpoint(job, (1,))
+        until(sim, 2000)
+        request = GangRequest(job.id, 1, 8, 4, group_ids=(1,))
+        sim.grow(job, plan_gang(sim.snapshot, request), 2)
+        stall, gpus = costs.save_s(DENSE, 8) + costs.restore_s(DENSE, 16), 16
+    elif how == "readmit":
+        sim.kill(job)
+        until(sim, 2000)
+        sim.start(job, plan_gang(sim.snapshot, job_request(job, 2)), 2)
+        stall, gpus = costs.restore_s(DENSE, 16), 16
+    else:
+        stall, gpus = None, 16
+    if stall is None:
+        return
+    begin, work = sim.now, sim.totals.useful_work
+    assert job.state == "restoring" and job.gpus_held == gpus
+    until(sim, begin + stall - 1)
+    sim._progress(job)
+    assert sim.totals.useful_work == work, "no progress while restoring"
+    until(sim, begin + stall + 100)
+    sim._progress(job)
+    assert job.state == "running"
+    assert sim.totals.useful_work == pytest.approx(work + 99 * gpus * (1 - job.overhead), rel=0.02)
+
+
+def test_killed_without_a_checkpoint_request_loses_the_work_since_the_last_periodic_checkpoint():
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = started(sim)
+    until(sim, costs.restart_s)  # running from here; periodic saves every 1800 s
+    until(sim, costs.restart_s + 1800 + 600)
+    rate = job.rate
+    sim.kill(job)
+    assert sim.totals.lost_preemption_gpu_s == pytest.approx(600 * rate)
+    assert sim.totals.useful_work == pytest.approx(1800 * rate)
+
+
+def test_periodic_checkpoints_slow_training():
+    sim = hand_sim(Costs())
+    job = started(sim)
+    until(sim, 1000)
+    assert 0 < job.overhead < 0.1 and job.rate < job.gpus_held
+    free = hand_sim(FREE)
+    other = started(free)
+    until(free, 1000)
+    assert other.rate == other.gpus_held
+
+
+def test_an_inference_replica_serves_only_after_its_cold_start():
+    costs = Costs()
+    sim = hand_sim(costs, pools={"m-large": [2] * 144, "m-mid": [0] * 144, "m-small": [0] * 144})
+    Policy.place_free(sim, sim.pools["m-large"], 2)
+    until(sim, 600)
+    assert sim.totals.served_gpu_s == pytest.approx((600 - costs.cold_start_s) * 16)
+    assert sim.totals.slo_violation_s == pytest.approx(costs.cold_start_s)
+
+
+def test_a_failure_replaces_only_the_broken_group_on_a_hot_spare_of_its_supernode():
+    costs = Costs()
+    sim = hand_sim(costs, supernodes=1, spares=2)
+    job = started(sim, JobShape(8, 1, 1, 4, 4, 1))
+    until(sim, 5000)
+    before = {g.group: g for g in job.groups}
+    broken = before[2]
+    sim._on_failure(Failure(5000, sim.node_names.index(broken.nodes[0]), "GPU", "Faulty GPU", 3600))
+    after = {g.group: g for g in job.groups}
+    assert {g: after[g] for g in (0, 1, 3)} == {g: before[g] for g in (0, 1, 3)}, "healthy groups stay"
+    assert all(sim.snapshot.nodes[n].spare for n in after[2].nodes), "hot spares first"
+    assert job.state == "restoring" and sim.totals.group_restarts == 1
+    assert sim.totals.lost_failures_gpu_s > 0
+    sim.check_conservation()
+
+
+# -- hysteresis, grow-back ------------------------------------------------------------------
+def test_demand_10_4_10_4_does_not_flap():
+    """Pool demand alternating 10 and 4 replicas every tick: the pool holds 10 (the
+    stabilization window is longer than the tick), training is asked once, and nothing flaps."""
+    fleet = build_fleet("nvl72", 2)
+    workload = Workload(1, {"m-large": [10, 4] * 72, "m-mid": [0] * 144, "m-small": [0] * 144}, [], [])
+    policy = Tidal(budget_share=None)
+    sim = Simulation(snapshot_from_fleet(fleet), workload, policy)
+    job = started(sim, JobShape(8, 1, 1, 16, 4, 1), min_dp=4)  # 128 GPUs, elastic down to 32
+    sizes = []
+    original = policy.tick
+
+    def tick(s):
+        original(s)
+        sizes.append(len(s.pools["m-large"].replicas))
+
+    policy.tick = tick
+    sim.run()
+    assert sizes[3:] == [10] * len(sizes[3:]), "the pool never shrinks between the peaks"
+    assert sim.totals.shrinks <= 1 and sim.totals.flaps == 0 and sim.totals.grow_backs == 0
+    assert job.state in ("running", "restoring")
+
+
+def shrunk_and_queued(shrunk_priority, queued_priority, room_replicas):
+    """A job at dp 1 of 4 (8-GPU replicas) and a queued job of one 8-GPU group, with room for
+    `room_replicas` replicas of 8 GPUs."""
+    sim = hand_sim(FREE, supernodes=1)
+    policy = Tidal(budget_share=None, grow_cooldown_s=0)
+    sim.policy = policy
+    shrunk = started(sim, JobShape(8, 1, 1, 4, 4, 1), job_id=1, priority=shrunk_priority)
+    until(sim, 1000)
+    sim.request_checkpoint(shrunk, (1, 2, 3))
+    until(sim, 2000)
+    assert shrunk.dp == 1 and shrunk.state == "running"
+    filler = started(sim, JobShape(8, 1, 1, 8 - room_replicas, 4, 1), job_id=9, priority=3)
+    filler.arrival = dataclasses.replace(filler.arrival, preemptible=False)
+    arrival = TrainingArrival(2, sim.now, JobShape(8, 1, 1, 1, 4, 1), 1e6, queued_priority, True, None)
+    queued = Job(arrival, dp=1, remaining=1e9)
+    sim.jobs[queued.id] = queued
+    sim.queue.append(queued)
+    assert sim.snapshot.free_gpus() == 8 * room_replicas
+    return sim, policy, shrunk, queued
+
+
+def test_admission_of_higher_priority_work_comes_before_grow_back():
+    sim, policy, shrunk, queued = shrunk_and_queued(shrunk_priority=1, queued_priority=3, room_replicas=1)
+    policy.admit(sim)
+    assert queued.state == "restoring" and shrunk.dp == 1
+    sim, policy, shrunk, queued = shrunk_and_queued(shrunk_priority=3, queued_priority=1, room_replicas=1)
+    policy.admit(sim)
+    assert queued.state == "queued" and shrunk.dp == 2
+
+
+def test_grow_back_is_partial_when_not_all_replicas_fit():
+    sim, policy, shrunk, queued = shrunk_and_queued(shrunk_priority=3, queued_priority=0, room_replicas=2)
+    sim.queue.remove(queued)
+    policy.admit(sim)
+    assert shrunk.dp == 3 and shrunk.gpus_held == 24 and sim.totals.grow_backs == 1
+
+
+# -- shapes, quick mode -----------------------------------------------------------------------
+@pytest.mark.parametrize("shape", ["nvl72", "cm384", "hgx8", "mixed"])
+def test_no_shape_leaves_most_of_its_gpus_idle_under_full_load(shape):
+    result = run_scenario(Scenario(shape=shape, gpus=3000, days=1, seed=3), ["tidal"])
+    tidal = result["policies"]["tidal"]
+    assert tidal["gpus_idle"] < 0.3 * result["gpus"], tidal
+    assert tidal["gpu_utilization"] > 0.5, tidal
+    assert tidal["inference_demand_met"] > 0.95, tidal
+
+
+def test_quick_run_of_the_five_policies():
+    result = run_scenario(Scenario(gpus=1440, days=1, seed=2), list(DEFAULT_POLICIES), check=True)
+    assert set(result["policies"]) == {"autoscale-preempt", "static-split", "topology-only", "first-fit", "tidal"}
+    for name, r in result["policies"].items():
+        assert r["goodput_gpu_hours"] > 0 and 0 < r["inference_demand_met"] <= 1, name
+        assert {"evictions", "flaps", "inference_slo_violation_minutes"} <= set(r)

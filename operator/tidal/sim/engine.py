@@ -1,8 +1,15 @@
 """Discrete-event simulation of one scheduling policy on one fleet, deterministic for a seed.
 
-Events: training arrivals, job completions, node failures and repairs, checkpoints finishing, and
-a tick every 10 minutes (the traces' resolution) when inference demand changes. Placement and
-rebalancing call tidal.placement and tidal.rebalance unchanged.
+Events: training arrivals, jobs finishing, restored (a restart/resize done), checkpoints written,
+inference replicas warm, node failures and repairs, and a tick every 10 minutes (the traces'
+resolution) when inference demand changes. Placement and rebalancing call tidal.placement and
+tidal.rebalance unchanged.
+
+Every cost in `Costs` is charged to every policy: a checkpoint takes time that grows with the
+model; any start, restart, resize or re-admission stalls the job while it reloads; a job killed
+without a checkpoint request loses the work since its last periodic checkpoint; periodic
+checkpoints slow training a little; an inference replica serves only after its cold start.
+Goodput (training progress after all of that) is what the results call training GPU-hours.
 """
 
 from __future__ import annotations
@@ -13,41 +20,96 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tidal.placement import GangRequest, GroupAssignment, PlacementPlan, RunningGang, apply_plan
-from tidal.sim.workload import POOLS, WINDOW, TrainingArrival, Workload
+from tidal.placement import GangRequest, GroupAssignment, PlacementPlan, RunningGang, apply_plan, plan_gang
+from tidal.placement.workload_mix import JobShape
+from tidal.sim.workload import WINDOW, TrainingArrival, Workload
 from tidal.topology.snapshot import ClusterSnapshot
 
-CHECKPOINT_EVERY_S = 1800.0
-"""Jobs save progress every 30 minutes; a failure loses what was done since the last save."""
-CHECKPOINT_WAIT_S = 120.0
-"""A checkpoint requested before an eviction takes this long; the GPUs stay busy meanwhile."""
-SPLIT_EFFICIENCY = 0.3
-"""Throughput of a job with an HBD group split across supernodes: its tensor-parallel traffic
-crosses the scale-out network (~10x less bandwidth). An assumption, stated with the results."""
 EPOCH = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # the traces' day 0, 00:00 local time
+FLAP_WINDOW_S = 3600.0
+"""A job shrunk or evicted for capacity that grows back or restarts within this long is a flap."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What resizing, restarting and serving really cost. Defaults and their sources:
+
+    - bytes_per_param 14: mixed-precision Adam keeps 16 bytes per parameter (ZeRO, Rajbhandari
+      et al., SC '20: fp16 weights and gradients, fp32 weights, momentum, variance); a checkpoint
+      holds all but the gradients.
+    - params_per_model_gpu 2e9: parameters per GPU of one model replica (tp*ep*pp GPUs): Llama 3
+      405B ran on TP8 x PP16 = 128 GPUs per replica (3.2 B/GPU); a 7 B fine-tune on 4 GPUs is 1.75 B.
+    - write/read bandwidth per GPU: Llama 3 (arXiv:2407.21783, sec. 3.3.1): Tectonic served the
+      24K-GPU cluster at 2 TB/s sustained and 7 TB/s peak, i.e. 81 MB/s and 285 MB/s per GPU. A
+      sharded checkpoint is written and read by all of a job's GPUs in parallel.
+    - restart_s 180: rescheduling, container start, collective-communication init and compilation
+      before the checkpoint load (the T1+T2+T4 of Huawei MindCluster's resumable-training
+      breakdown; minutes at scale per MegaScale, NSDI '24).
+    - checkpoint_every_s 1800 and periodic_blocking 0.1: periodic saves every 30 minutes,
+      asynchronous (Llama 3, MegaScale, Gemini all save asynchronously), blocking training for a
+      tenth of a full save (the device-to-host copy).
+    - cold_start_s 180: an inference replica loads its model before serving; vLLM cold starts of
+      tens of seconds to minutes (vLLM startup study, MLSys '26 "Breaking the Ice"; 70-460 s
+      for a 27 B model on one GPU, tensorfuse and Modal measurements).
+    - split_efficiency 0.3: a job with an HBD group split across supernodes runs its tensor
+      parallelism over the scale-out network (~10x less bandwidth). An assumption.
+    """
+
+    bytes_per_param: float = 14.0
+    params_per_model_gpu: float = 2.0e9
+    write_bytes_s_per_gpu: float = 2e12 / 24_576
+    read_bytes_s_per_gpu: float = 7e12 / 24_576
+    restart_s: float = 180.0
+    checkpoint_every_s: float = 1800.0
+    periodic_blocking: float = 0.1
+    cold_start_s: float = 180.0
+    split_efficiency: float = 0.3
+
+    def checkpoint_bytes(self, shape: JobShape) -> float:
+        return self.bytes_per_param * self.params_per_model_gpu * shape.tp * shape.ep * shape.pp
+
+    def save_s(self, shape: JobShape, gpus: int) -> float:
+        return self.checkpoint_bytes(shape) / (max(gpus, 1) * self.write_bytes_s_per_gpu)
+
+    def restore_s(self, shape: JobShape, gpus: int) -> float:
+        return self.restart_s + self.checkpoint_bytes(shape) / (max(gpus, 1) * self.read_bytes_s_per_gpu)
+
+    def periodic_overhead(self, shape: JobShape, gpus: int) -> float:
+        """Share of the running time lost to periodic checkpoints."""
+        if self.checkpoint_every_s <= 0:
+            return 0.0
+        return min(0.5, self.periodic_blocking * self.save_s(shape, gpus) / self.checkpoint_every_s)
+
+
+FREE = Costs(bytes_per_param=0.0, restart_s=0.0, periodic_blocking=0.0, cold_start_s=0.0, checkpoint_every_s=1800.0)
+"""No resize, restart or cold-start cost (the old model; for tests that isolate one rule)."""
 
 
 @dataclass
 class Job:
     arrival: TrainingArrival
     dp: int
-    state: str = "queued"  # queued | running | checkpointing | done
+    state: str = "queued"  # queued | restoring | running | checkpointing | done
     groups: list[GroupAssignment] = field(default_factory=list)
-    remaining: float = 0.0  # GPU-seconds of work at full efficiency and full DP
+    remaining: float = 0.0  # GPU-seconds of work at full efficiency
     efficiency: float = 1.0
-    segment_start: float = 0.0  # progress is saved every CHECKPOINT_EVERY_S from here
+    running_since: float = 0.0  # periodic checkpoints every checkpoint_every_s from here
     last_update: float = 0.0
     version: int = 0
     first_start: float | None = None
     evicting: tuple[int, ...] = ()  # DP replicas to give back after the checkpoint; () = all
     split_groups: int = 0
+    unsaved: float = 0.0  # work at risk while a requested checkpoint is being written
+    recovery: bool = False  # queued after a failure: ahead of new work of its priority
+    down_at: float | None = None  # last shrink or eviction for capacity (flap detection)
+    overhead: float = 0.0  # periodic-checkpoint share at the current size
 
     @property
     def id(self) -> str:
         return f"job-{self.arrival.job_id}"
 
     @property
-    def shape(self):
+    def shape(self) -> JobShape:
         return self.arrival.shape
 
     @property
@@ -58,7 +120,7 @@ class Job:
     def rate(self) -> float:
         if self.state != "running":
             return 0.0
-        return self.gpus_held * self.efficiency
+        return self.gpus_held * self.efficiency * (1.0 - self.overhead)
 
     @property
     def groups_per_replica(self) -> int:
@@ -66,37 +128,69 @@ class Job:
 
 
 @dataclass
+class Replica:
+    group: GroupAssignment
+    ready_at: float
+
+
+@dataclass
 class Pool:
     name: str
     tp: int
     gpus_per_pod: int
-    replicas: list[GroupAssignment] = field(default_factory=list)
-    waiting: int = 0  # replicas whose room is being freed by checkpointing training
+    accelerator: str = "nvidia.com/gpu"
+    replicas: list[Replica] = field(default_factory=list)
 
     def request(self, count: int) -> GangRequest:
         return GangRequest(
-            f"pool/{self.name}", groups=count, group_gpus=self.tp, gpus_per_pod=self.gpus_per_pod, priority=1000
+            f"pool/{self.name}",
+            groups=count,
+            group_gpus=self.tp,
+            gpus_per_pod=self.gpus_per_pod,
+            accelerator=self.accelerator,
+            priority=1000,
         )
+
+    def ready(self, now: float) -> int:
+        return sum(1 for r in self.replicas if r.ready_at <= now)
 
 
 @dataclass
 class Totals:
-    training_gpu_s: float = 0.0
-    inference_used_gpu_s: float = 0.0
+    useful_work: float = 0.0  # goodput, GPU-seconds
+    training_gpu_s: float = 0.0  # GPUs held by training, whatever they do
+    stalled_gpu_s: float = 0.0  # held while restoring or writing a requested checkpoint
+    inference_used_gpu_s: float = 0.0  # warm replicas the demand needs
+    cold_gpu_s: float = 0.0  # replicas loading their model
     idle_gpu_s: float = 0.0
-    useful_work: float = 0.0
     lost_failures_gpu_s: float = 0.0
     lost_preemption_gpu_s: float = 0.0
-    demanded_gpu_windows: float = 0.0
-    served_gpu_windows: float = 0.0
+    demanded_gpu_s: float = 0.0
+    served_gpu_s: float = 0.0
+    slo_violation_s: float = 0.0  # time some pool has fewer warm replicas than its demand
     split_groups: int = 0
+    evictions: int = 0  # jobs suspended or shrunk to make room for inference
+    shrinks: int = 0
+    grow_backs: int = 0
+    flaps: int = 0
+    restarts: int = 0  # after failures
+    group_restarts: int = 0  # of those, re-placing only the broken groups
+    budget_limited: int = 0  # plans cut short by the disruption budget
     waits: list[float] = field(default_factory=list)
     samples: list[dict[str, float]] = field(default_factory=list)
 
 
 class Simulation:
-    def __init__(self, snapshot: ClusterSnapshot, workload: Workload, policy, check_every_event: bool = False):
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        workload: Workload,
+        policy,
+        check_every_event: bool = False,
+        costs: Costs | None = None,
+    ):
         self.check_every_event = check_every_event
+        self.costs = costs or Costs()
         self.snapshot = snapshot
         self.workload = workload
         self.policy = policy
@@ -104,7 +198,7 @@ class Simulation:
         self.end = workload.days * 86400.0
         self.jobs: dict[str, Job] = {}
         self.queue: list[Job] = []
-        self.pools = {p.name: Pool(p.name, p.tp, p.gpus_per_pod) for p in POOLS}
+        self.pools = {p.name: Pool(p.name, p.tp, p.gpus_per_pod, p.accelerator) for p in workload.pools}
         self.node_names = list(snapshot.nodes)
         self.totals = Totals()
         self.total_gpus = snapshot.total_gpus()
@@ -112,7 +206,7 @@ class Simulation:
         self._seq = itertools.count()
         self._last_accounting = 0.0
         self.usable_gpus = self.total_gpus  # kept as nodes fail and come back
-        self.active: dict[str, Job] = {}  # running or checkpointing
+        self.active: dict[str, Job] = {}  # restoring, running or checkpointing
 
     # -- events ------------------------------------------------------------------------------
     def push(self, at: float, kind: str, payload: object = None) -> None:
@@ -137,6 +231,7 @@ class Simulation:
                 self.check_conservation()
                 self.check_accounting()
         self._account(self.end)
+        self.now = self.end
         for job in self.active.values():
             self._progress(job)
         return self.totals
@@ -158,14 +253,20 @@ class Simulation:
         job.groups = []
         self.policy.admit(self)
 
+    def _on_restored(self, payload: tuple[str, int]) -> None:
+        job = self.jobs[payload[0]]
+        if job.version != payload[1] or job.state != "restoring":
+            return
+        job.state = "running"
+        job.last_update = job.running_since = self.now
+        self._schedule_finish(job)
+
+    def _on_warm(self, _payload: object) -> None:
+        pass  # a replica finished its cold start: accounting up to here has been done
+
     def _on_tick(self, window: int) -> None:
         self.policy.tick(self)
         self.policy.admit(self)
-        # Demand met is judged once the policy has acted on the window's demand.
-        for pool in self.pools.values():
-            desired = self.workload.desired_at(pool.name, self.now) * pool.tp
-            self.totals.demanded_gpu_windows += desired
-            self.totals.served_gpu_windows += min(len(pool.replicas) * pool.tp, desired)
         self._sample()
 
     def _on_failure(self, failure) -> None:
@@ -177,13 +278,13 @@ class Simulation:
         self.usable_gpus -= node.gpus
         self.push(self.now + failure.down_s, "repair", name)
         for pool in self.pools.values():
-            lost = [r for r in pool.replicas if name in r.nodes]
-            for r in lost:
-                self._release_group(r, pool.gpus_per_pod)
+            for r in [r for r in pool.replicas if name in r.group.nodes]:
+                self._release_group(r.group, pool.gpus_per_pod)
                 pool.replicas.remove(r)
         for job in list(self.active.values()):
-            if any(name in g.nodes for g in job.groups):
-                self._fail(job)
+            broken = [g for g in job.groups if name in g.nodes]
+            if broken:
+                self._fail(job, broken)
         self.policy.admit(self)
 
     def _on_repair(self, name: str) -> None:
@@ -195,7 +296,7 @@ class Simulation:
         job = self.jobs[payload[0]]
         if job.version != payload[1] or job.state != "checkpointing":
             return
-        self.evict_now(job, checkpointed=True)
+        self.evict_now(job)
         self.policy.after_checkpoint(self)
 
     # -- job lifecycle -----------------------------------------------------------------------
@@ -210,35 +311,88 @@ class Simulation:
         if job.rate > 0:
             self.push(self.now + job.remaining / job.rate, "finish", (job.id, job.version))
 
+    def _restore(self, job: Job, stall_s: float) -> None:
+        """The job holds its GPUs and makes no progress for `stall_s`, then runs."""
+        self._progress(job)
+        job.state = "restoring"
+        job.overhead = self.costs.periodic_overhead(job.shape, job.gpus_held)
+        job.version += 1
+        self.push(self.now + stall_s, "restored", (job.id, job.version))
+
+    def _note_up(self, job: Job) -> None:
+        if job.down_at is not None and self.now - job.down_at < FLAP_WINDOW_S:
+            self.totals.flaps += 1
+        job.down_at = None
+
     def start(self, job: Job, plan: PlacementPlan, dp: int, split_groups: int = 0) -> None:
         apply_plan(self.snapshot, plan)
         if job in self.queue:
             self.queue.remove(job)
-        if job.first_start is None:
+        fresh = job.first_start is None
+        if fresh:
             job.first_start = self.now
             self.totals.waits.append(self.now - job.arrival.at)
+        self._note_up(job)
         job.groups = list(plan.groups)
         job.dp = dp
         job.split_groups = split_groups
+        job.recovery = False
         self.totals.split_groups += split_groups
-        job.efficiency = SPLIT_EFFICIENCY if split_groups else 1.0
-        job.state = "running"
+        job.efficiency = self.costs.split_efficiency if split_groups else 1.0
         self.active[job.id] = job
-        job.last_update = job.segment_start = self.now
-        self._schedule_finish(job)
+        job.last_update = self.now
+        # A first start loads no checkpoint; a re-admission reloads one at the new size.
+        self._restore(job, self.costs.restart_s if fresh else self.costs.restore_s(job.shape, job.gpus_held))
 
     def _lost_since_checkpoint(self, job: Job) -> float:
-        """GPU-seconds done since the last periodic save (to be redone)."""
-        since = (self.now - job.segment_start) % CHECKPOINT_EVERY_S
-        return since * job.gpus_held
+        """Work done since the last periodic save (to be redone), in progress units."""
+        if job.state == "checkpointing":
+            return job.unsaved
+        if job.state != "running":
+            return 0.0
+        since = (self.now - job.running_since) % self.costs.checkpoint_every_s
+        return since * job.rate
 
-    def _fail(self, job: Job) -> None:
+    def _lose(self, job: Job, preemption: bool) -> None:
         self._progress(job)
-        lost = self._lost_since_checkpoint(job) if job.state == "running" else 0.0
-        self.totals.lost_failures_gpu_s += lost
-        job.remaining += lost * job.efficiency
-        self.totals.useful_work -= lost * job.efficiency
+        lost = self._lost_since_checkpoint(job)
+        if preemption:
+            self.totals.lost_preemption_gpu_s += lost
+        else:
+            self.totals.lost_failures_gpu_s += lost
+        job.remaining += lost
+        self.totals.useful_work -= lost
+
+    def _fail(self, job: Job, broken: list[GroupAssignment]) -> None:
+        """As the operator does (restartPolicy scope Group): re-place only the broken groups,
+        hot spares of the same supernode first; the whole job restarts from its last checkpoint.
+        If the groups do not fit, the whole gang is released and queued as a recovery."""
+        self._lose(job, preemption=False)
+        self.totals.restarts += 1
+        if job.state != "checkpointing":
+            self._release_groups(job, broken)
+            request = GangRequest(
+                job.id,
+                groups=len(broken),
+                group_gpus=job.shape.group_gpus,
+                gpus_per_pod=job.shape.gpus_per_pod,
+                accelerator=job.arrival.accelerator,
+                priority=job.arrival.priority,
+                recovery=True,
+                prefer_supernodes=tuple(dict.fromkeys(g.supernode for g in broken)),
+                group_ids=tuple(g.group for g in broken),
+            )
+            plan = plan_gang(self.snapshot, request)
+            ids = {g.group for g in broken}
+            job.groups = [g for g in job.groups if g.group not in ids]
+            if isinstance(plan, PlacementPlan):
+                apply_plan(self.snapshot, plan)
+                job.groups = sorted(job.groups + list(plan.groups), key=lambda g: g.group)
+                self.totals.group_restarts += 1
+                self._restore(job, self.costs.restore_s(job.shape, job.gpus_held))
+                return
         self._requeue(job)
+        job.recovery = True
 
     def _requeue(self, job: Job) -> None:
         self._release_groups(job, job.groups)
@@ -250,43 +404,52 @@ class Simulation:
         self.queue.append(job)
 
     def kill(self, job: Job) -> None:
-        """Evict without a checkpoint (schedulers that do not know about checkpoints)."""
-        self._progress(job)
-        lost = self._lost_since_checkpoint(job)
-        self.totals.lost_preemption_gpu_s += lost
-        job.remaining += lost * job.efficiency
-        self.totals.useful_work -= lost * job.efficiency
+        """Evict for capacity without a checkpoint: the work since the last periodic save is lost."""
+        self._lose(job, preemption=True)
+        self.totals.evictions += 1
+        job.down_at = self.now
         self._requeue(job)
 
     def request_checkpoint(self, job: Job, replicas: tuple[int, ...]) -> None:
-        """Checkpoint first: the job stops, keeps its GPUs for CHECKPOINT_WAIT_S, loses nothing."""
+        """Checkpoint first: the job stops and keeps its GPUs while its state is written (a
+        time that grows with the model), then gives back the replicas (or all) and loses nothing."""
         self._progress(job)
+        if job.state == "restoring":  # nothing new to save: it is still loading the last one
+            job.evicting = replicas
+            self.evict_now(job)
+            return
+        job.unsaved = self._lost_since_checkpoint(job)
         job.state = "checkpointing"
         job.evicting = replicas
         job.version += 1
-        self.push(self.now + CHECKPOINT_WAIT_S, "checkpointed", (job.id, job.version))
+        self.push(self.now + self.costs.save_s(job.shape, job.gpus_held), "checkpointed", (job.id, job.version))
 
-    def evict_now(self, job: Job, checkpointed: bool) -> None:
+    def evict_now(self, job: Job) -> None:
+        self.totals.evictions += 1
+        job.down_at = self.now
         if job.evicting and len(job.evicting) < job.dp:
             gone = set(job.evicting)
-            keep = [g for g in job.groups if g.group // job.groups_per_replica not in gone]
-            self._release_groups(job, [g for g in job.groups if g.group // job.groups_per_replica in gone])
-            job.groups = keep
+            per = job.groups_per_replica
+            self._release_groups(job, [g for g in job.groups if g.group // per in gone])
+            job.groups = [g for g in job.groups if g.group // per not in gone]
             job.dp -= len(gone)
             job.evicting = ()
-            job.state = "running"
-            job.last_update = job.segment_start = self.now
-            self._schedule_finish(job)
+            self.totals.shrinks += 1
+            # The remaining replicas restart from the checkpoint just written, at the new size.
+            self._restore(job, self.costs.restore_s(job.shape, job.gpus_held))
         else:
             self._requeue(job)
 
     def grow(self, job: Job, plan: PlacementPlan, dp: int) -> None:
+        """Add DP replicas to a running job: it checkpoints, then restarts at the new size."""
         self._progress(job)
+        saving = self.costs.save_s(job.shape, job.gpus_held)
         apply_plan(self.snapshot, plan)
-        job.groups += list(plan.groups)
+        job.groups = sorted(job.groups + list(plan.groups), key=lambda g: g.group)
         job.dp = dp
-        job.last_update = self.now
-        self._schedule_finish(job)
+        self.totals.grow_backs += 1
+        self._note_up(job)
+        self._restore(job, saving + self.costs.restore_s(job.shape, job.gpus_held))
 
     def _release_group(self, group: GroupAssignment, gpus_per_pod: int) -> None:
         for node in group.nodes:
@@ -296,10 +459,25 @@ class Simulation:
         for g in groups:
             self._release_group(g, job.shape.gpus_per_pod)
 
+    # -- inference replicas ------------------------------------------------------------------
+    def add_replicas(self, pool: Pool, groups: tuple[GroupAssignment, ...] | list[GroupAssignment]) -> None:
+        ready = self.now + self.costs.cold_start_s
+        pool.replicas += [Replica(g, ready) for g in groups]
+        if groups and self.costs.cold_start_s > 0:
+            self.push(ready, "warm")
+
+    def remove_replicas(self, pool: Pool, target: int) -> None:
+        """Down to `target` replicas: those still loading go first, then the newest."""
+        while len(pool.replicas) > target:
+            cold = [r for r in pool.replicas if r.ready_at > self.now]
+            replica = cold[-1] if cold else pool.replicas[-1]
+            pool.replicas.remove(replica)
+            self._release_group(replica.group, pool.gpus_per_pod)
+
     def running_gangs(self) -> list[RunningGang]:
         gangs = []
         for job in self.active.values():
-            if job.state != "running" or not job.groups:
+            if job.state not in ("running", "restoring") or not job.groups:
                 continue
             per = job.groups_per_replica
             replicas: list[list[tuple[str, int]]] = [[] for _ in range(job.dp)]
@@ -323,16 +501,35 @@ class Simulation:
     def training_gpus(self) -> int:
         return sum(j.gpus_held for j in self.active.values())
 
+    def demand(self, pool: Pool, at: float | None = None) -> int:
+        return self.workload.desired_at(pool.name, self.now if at is None else at)
+
     def _account(self, until: float) -> None:
         dt_s = until - self._last_accounting
         if dt_s <= 0:
             return
-        training, inference = self.training_gpus(), self.inference_gpus()
-        usable = self.usable_gpus
-        demanded = sum(self.workload.desired_at(p.name, self._last_accounting) * p.tp for p in self.pools.values())
-        self.totals.training_gpu_s += training * dt_s
-        self.totals.inference_used_gpu_s += min(inference, demanded) * dt_s
-        self.totals.idle_gpu_s += max(usable - training - inference, 0) * dt_s
+        t = self._last_accounting
+        training = stalled = 0
+        for job in self.active.values():
+            training += job.gpus_held
+            if job.state != "running":
+                stalled += job.gpus_held
+        inference = short = 0
+        tot = self.totals
+        for pool in self.pools.values():
+            warm = pool.ready(t) * pool.tp
+            demanded = self.demand(pool, t) * pool.tp
+            inference += len(pool.replicas) * pool.tp
+            tot.cold_gpu_s += (len(pool.replicas) * pool.tp - warm) * dt_s
+            tot.inference_used_gpu_s += min(warm, demanded) * dt_s
+            tot.demanded_gpu_s += demanded * dt_s
+            tot.served_gpu_s += min(warm, demanded) * dt_s
+            short = short or warm < demanded
+        tot.training_gpu_s += training * dt_s
+        tot.stalled_gpu_s += stalled * dt_s
+        tot.idle_gpu_s += max(self.usable_gpus - training - inference, 0) * dt_s
+        if short:
+            tot.slo_violation_s += dt_s
         self._last_accounting = until
 
     def _sample(self) -> None:
@@ -360,14 +557,14 @@ class Simulation:
                     held[n] += job.shape.gpus_per_pod
         for pool in self.pools.values():
             for r in pool.replicas:
-                for n in r.nodes:
+                for n in r.group.nodes:
                     held[n] += pool.gpus_per_pod
         for name, node in self.snapshot.nodes.items():
             assert node.allocated == held[name], f"{name}: booked {node.allocated}, held {held[name]}"
             assert node.allocated <= node.gpus, f"{name} over-booked"
 
     def check_accounting(self) -> None:
-        """Every job that arrived is in exactly one place: queued, running/checkpointing, or done."""
+        """Every job that arrived is in exactly one place: queued, active, or done."""
         queued = {j.id for j in self.queue}
         assert len(queued) == len(self.queue), "a job is queued twice"
         assert not queued & set(self.active), "a job is both queued and running"
@@ -377,7 +574,7 @@ class Simulation:
             if job.state == "done":
                 assert not job.groups and job.remaining <= 1e-6 * job.arrival.duration_s * job.shape.gpus + 1
             if job.id in self.active:
-                assert job.state in ("running", "checkpointing") and job.groups
+                assert job.state in ("restoring", "running", "checkpointing") and job.groups
 
     def wall_clock(self) -> dt.datetime:
         return EPOCH + dt.timedelta(seconds=self.now)

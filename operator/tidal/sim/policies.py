@@ -1,20 +1,31 @@
-"""The four policies compared side by side.
+"""The policies compared side by side. All share the placement engine (tidal.placement), the
+admission order (priority, then recoveries, then arrival; backfill allowed) and every cost in
+`engine.Costs`; they differ only where the policy does.
 
-- tidal: topology-aware gang placement, inference sized by demand every 10 minutes, capacity
-  taken from training with tidal.rebalance.plan_capacity (free, elastic shrink, suspension),
-  checkpoint first, and elastic jobs grown back when pools shrink. The same functions the
-  operator's rebalancer calls.
+- autoscale-preempt: what Kueue/KAI/GKE users run today. Inference pools follow demand (the
+  same stabilized autoscaler as tidal, without forecasting); room for a replica comes from free
+  GPUs, then from plain priority preemption of whole lower-priority preemptible gangs, killed at
+  once without a checkpoint request (the work since their last periodic checkpoint is lost); no
+  elastic shrink or grow.
+- static-split: fixed day (08:00-23:00) and night partitions for inference, each sized for its
+  part's peak; at the switch, training in the way is killed without a checkpoint.
 - topology-only: topology-aware placement; inference holds a static reservation sized for its peak.
-- static-split: fixed day (08:00-23:00) and night partitions for inference, sized for each part's
-  peak; at the switch, training in the way is killed without a checkpoint.
 - first-fit: like topology-only, but training is placed topology-unaware (first fit), so HBD
-  groups split across supernodes and those jobs run at SPLIT_EFFICIENCY.
+  groups split across supernodes and those jobs run at Costs.split_efficiency.
+- tidal: inference sized by demand and by the diurnal profile learned from the previous days
+  (scaling ahead of the ramp), capacity taken with tidal.rebalance.plan_capacity (free GPUs,
+  elastic shrink, then suspension, lowest priority first) within a disruption budget,
+  checkpoint first; shrunk jobs grow back (partially if need be) in priority order with
+  admission, after a cooldown and only into GPUs the forecast does not need.
+  `tidal-reactive` is the same without forecasting (an ablation).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from tidal.placement import (
     GangRequest,
@@ -32,8 +43,17 @@ from tidal.sim.engine import Job, Pool, Simulation
 from tidal.sim.workload import WINDOW
 
 ADMIT_TRIES = 32
-EXPAND_COOLDOWN_S = 600.0
 DAY_START_H, DAY_END_H = 8, 23
+STABILIZATION = dt.timedelta(minutes=30)
+"""Scale-down waits until demand has stayed lower for 30 minutes: three ticks, not one."""
+GROW_COOLDOWN_S = 3600.0
+"""A shrunk job grows back no sooner than an hour after its shrink."""
+FORECAST_LEAD_S = 3600.0
+"""Tidal scales inference for the next hour's forecast demand."""
+FORECAST_DAYS = 7
+BUDGET_SHARE = 0.10
+"""Disruption budget, as the operator's --disruption-budget-gpus-per-hour: at most 10% of the
+cluster's GPUs asked to checkpoint (suspend or shrink) in any hour."""
 
 
 def job_request(job: Job, dp: int) -> GangRequest:
@@ -43,8 +63,13 @@ def job_request(job: Job, dp: int) -> GangRequest:
         groups=shape.groups * dp // shape.dp,
         group_gpus=shape.group_gpus,
         gpus_per_pod=shape.gpus_per_pod,
+        accelerator=job.arrival.accelerator,
         priority=job.arrival.priority,
     )
+
+
+def order(job: Job) -> tuple:
+    return (-job.arrival.priority, not job.recovery, job.arrival.at, job.arrival.job_id)
 
 
 class Policy:
@@ -61,13 +86,21 @@ class Policy:
     def after_checkpoint(self, sim: Simulation) -> None:
         self.admit(sim)
 
+    def grow_candidates(self, sim: Simulation) -> list[Job]:
+        return []
+
     def admit(self, sim: Simulation) -> None:
-        """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed."""
+        """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed.
+        Shrunk jobs that may grow back take their turn in the same order."""
         free = sim.snapshot.free_gpus()
         tries = 0
-        for job in sorted(sim.queue, key=lambda j: (-j.arrival.priority, j.arrival.at, j.arrival.job_id)):
+        for job in sorted(sim.queue + self.grow_candidates(sim), key=order):
             if tries >= ADMIT_TRIES or free <= 0:
                 break
+            if job.state != "queued":
+                tries += 1
+                free -= self.grow_back(sim, job, free)
+                continue
             dps = [job.shape.dp]
             if self.elastic and job.arrival.min_dp:
                 dps += list(range(job.shape.dp - 1, job.arrival.min_dp - 1, -1))
@@ -81,6 +114,9 @@ class Policy:
                     free -= job.gpus_held
                     break
 
+    def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
+        return 0
+
     # -- inference helpers -------------------------------------------------------------------
     @staticmethod
     def place_free(sim: Simulation, pool: Pool, count: int) -> int:
@@ -90,15 +126,8 @@ class Policy:
         if plan.placement is None:
             return 0
         apply_plan(sim.snapshot, plan.placement)
-        pool.replicas += list(plan.placement.groups)
+        sim.add_replicas(pool, plan.placement.groups)
         return plan.replicas
-
-    @staticmethod
-    def shrink_pool(sim: Simulation, pool: Pool, target: int) -> None:
-        while len(pool.replicas) > target:
-            replica = pool.replicas.pop()  # newest first
-            for node in replica.nodes:
-                sim.snapshot.release(node, pool.gpus_per_pod)
 
 
 class TopologyOnly(Policy):
@@ -150,7 +179,7 @@ class StaticSplit(Policy):
         day = is_day(sim)
         for pool in sim.pools.values():
             target = self.size[(pool.name, day)]
-            self.shrink_pool(sim, pool, target)
+            sim.remove_replicas(pool, target)
             need = target - len(pool.replicas) - self.place_free(sim, pool, target - len(pool.replicas))
             if need <= 0:
                 continue
@@ -164,79 +193,187 @@ class StaticSplit(Policy):
             self.place_free(sim, pool, need)
 
 
-class Tidal(Policy):
-    name = "tidal"
-    elastic = True
+class Autoscaled(Policy):
+    """Inference pools sized by demand every tick, scale-down stabilized."""
 
-    def __init__(self, stabilization: dt.timedelta = dt.timedelta(minutes=5)) -> None:
+    forecast_lead_s = 0.0
+
+    def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
         self.tracker = DemandTracker(window=stabilization)
-        self.shrunk_at: dict[str, float] = {}
-        self.waiting = False
 
     def start(self, sim: Simulation) -> None:
         self.tick(sim)
 
-    def desired(self, sim: Simulation, pool: Pool) -> int:
-        raw = sim.workload.desired_at(pool.name, sim.now)
-        return self.tracker.stabilized(pool.name, sim.wall_clock(), raw)
+    def forecast(self, sim: Simulation, pool: Pool) -> int:
+        """Replicas needed within the next `forecast_lead_s`: today's demand plus the largest rise
+        the previous days showed from this time of day over the lead (the mean over up to
+        FORECAST_DAYS days). Only past demand is read."""
+        days = min(int(sim.now // 86400), FORECAST_DAYS)
+        if not days or self.forecast_lead_s <= 0:
+            return 0
+        series = sim.workload.inference_replicas[pool.name]
+
+        def past(at: float) -> float:
+            return sum(series[int((at - d * 86400) // WINDOW)] for d in range(1, days + 1)) / days
+
+        base = past(sim.now)
+        rise = max(past(sim.now + k * WINDOW) - base for k in range(int(self.forecast_lead_s // WINDOW) + 1))
+        return sim.demand(pool) + math.ceil(rise)
+
+    def target(self, sim: Simulation, pool: Pool) -> int:
+        desired = max(sim.demand(pool), self.forecast(sim, pool))
+        return self.tracker.stabilized(pool.name, sim.wall_clock(), desired)
 
     def tick(self, sim: Simulation) -> None:
-        self.waiting = False
         for pool in sim.pools.values():
-            target = self.desired(sim, pool)
-            self.shrink_pool(sim, pool, target)
-            self.grow(sim, pool, target)
-        if not self.waiting:
-            self.expand(sim)
+            target = self.target(sim, pool)
+            sim.remove_replicas(pool, target)
+            self.make_room(sim, pool, target)
 
-    def after_checkpoint(self, sim: Simulation) -> None:
-        self.waiting = False
-        for pool in sim.pools.values():
-            self.grow(
-                sim,
-                pool,
-                self.tracker.stabilized(pool.name, sim.wall_clock(), sim.workload.desired_at(pool.name, sim.now)),
-            )
-        self.admit(sim)
+    def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
+        raise NotImplementedError
 
-    def grow(self, sim: Simulation, pool: Pool, target: int) -> None:
+
+class AutoscalePreempt(Autoscaled):
+    name = "autoscale-preempt"
+
+    def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
         need = target - len(pool.replicas)
         need -= self.place_free(sim, pool, need)
         if need <= 0:
             return
-        checkpointing = [j for j in sim.active.values() if j.state == "checkpointing"]
-        if checkpointing:
+        # Plain priority preemption: whole gangs, lowest priority first, no elastic shrink.
+        gangs = [replace(g, min_replicas=None) for g in sim.running_gangs()]
+        plan = plan_capacity(sim.snapshot, pool.request(need), gangs, None)
+        if not plan.evictions or plan.placement is None:
+            return
+        for eviction in plan.evictions:
+            sim.kill(sim.jobs[eviction.gang])  # no checkpoint request
+        apply_plan(sim.snapshot, plan.placement)
+        sim.add_replicas(pool, plan.placement.groups)
+
+
+class Tidal(Autoscaled):
+    name = "tidal"
+    elastic = True
+    forecast_lead_s = FORECAST_LEAD_S
+
+    def __init__(
+        self,
+        stabilization: dt.timedelta = STABILIZATION,
+        budget_share: float | None = BUDGET_SHARE,
+        grow_cooldown_s: float = GROW_COOLDOWN_S,
+    ) -> None:
+        super().__init__(stabilization)
+        self.budget_share = budget_share
+        self.grow_cooldown_s = grow_cooldown_s
+        self.shrunk_at: dict[str, float] = {}
+        self.waiting = False
+        self.evicted: list[tuple[float, int]] = []  # (when, GPUs) for the disruption budget
+        self.targets: dict[str, int] = {}
+        self.stuck: set[str] = set()
+
+    def budget_left(self, sim: Simulation) -> int | None:
+        if self.budget_share is None:
+            return None
+        self.evicted = [(t, g) for t, g in self.evicted if sim.now - t < 3600]
+        return max(int(self.budget_share * sim.total_gpus) - sum(g for _, g in self.evicted), 0)
+
+    def tick(self, sim: Simulation) -> None:
+        self.waiting = False
+        self.stuck.clear()
+        for pool in sim.pools.values():
+            self.targets[pool.name] = self.target(sim, pool)
+            sim.remove_replicas(pool, self.targets[pool.name])
+            self.make_room(sim, pool, self.targets[pool.name])
+
+    def after_checkpoint(self, sim: Simulation) -> None:
+        self.waiting = False
+        for pool in sim.pools.values():
+            self.make_room(sim, pool, self.targets.get(pool.name, 0))
+        self.admit(sim)
+
+    def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
+        need = target - len(pool.replicas)
+        need -= self.place_free(sim, pool, need)
+        if need <= 0:
+            return
+        if any(j.state == "checkpointing" for j in sim.active.values()):
             self.waiting = True  # room is being made; decide again once those checkpoints finish
             return
-        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), None)
+        if pool.name in self.stuck:
+            return  # no room to be had this tick; ask again at the next one
+        budget = self.budget_left(sim)
+        if budget == 0:
+            sim.totals.budget_limited += 1
+            self.stuck.add(pool.name)
+            return
+        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), budget)
+        if "budget" in plan.reason:
+            sim.totals.budget_limited += 1
+        if not plan.evictions:
+            self.stuck.add(pool.name)
         for eviction in plan.evictions:
             job = sim.jobs[eviction.gang]
-            sim.request_checkpoint(job, () if eviction.whole else eviction.replicas)
             if not eviction.whole:
                 self.shrunk_at[job.id] = sim.now
+            self.evicted.append((sim.now, eviction.gpus))
+            sim.request_checkpoint(job, () if eviction.whole else eviction.replicas)
         if plan.evictions:
             self.waiting = True
 
-    def expand(self, sim: Simulation) -> None:
-        """Grow shrunk elastic jobs back when their replicas fit in free GPUs."""
-        for job in sorted(sim.active.values(), key=lambda j: (-j.arrival.priority, j.arrival.at)):
-            if job.state != "running" or job.dp >= job.shape.dp:
-                continue
-            if sim.now - self.shrunk_at.get(job.id, -1e18) < EXPAND_COOLDOWN_S:
-                continue
-            have = len(job.groups)
-            want = job.shape.groups
+    def headroom(self, sim: Simulation, accelerator: str) -> int:
+        """GPUs the pools will want within the forecast lead beyond what they hold now."""
+        want = 0
+        for pool in sim.pools.values():
+            if pool.accelerator == accelerator:
+                ahead = max(self.forecast(sim, pool), sim.demand(pool))
+                want += max(ahead - len(pool.replicas), 0) * pool.tp
+        return want
+
+    def grow_candidates(self, sim: Simulation) -> list[Job]:
+        if self.waiting:
+            return []
+        return [
+            j
+            for j in sim.active.values()
+            if j.state == "running"
+            and j.dp < j.shape.dp
+            and sim.now - self.shrunk_at.get(j.id, -1e18) >= self.grow_cooldown_s
+        ]
+
+    def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
+        """Grow a shrunk job by as many of its missing DP replicas as fit, leaving the GPUs the
+        inference forecast needs; returns the GPUs taken."""
+        per = job.groups_per_replica
+        replica_gpus = per * job.shape.group_gpus
+        room = free - self.headroom(sim, job.arrival.accelerator)
+        missing = min(job.shape.dp - job.dp, room // replica_gpus)
+        while missing > 0:
+            have = job.dp * per
             request = GangRequest(
                 job.id,
-                groups=want - have,
+                groups=missing * per,
                 group_gpus=job.shape.group_gpus,
                 gpus_per_pod=job.shape.gpus_per_pod,
+                accelerator=job.arrival.accelerator,
                 priority=job.arrival.priority,
-                group_ids=tuple(range(have, want)),
+                group_ids=tuple(range(have, have + missing * per)),
             )
             plan = plan_gang(sim.snapshot, request)
             if isinstance(plan, PlacementPlan):
-                sim.grow(job, plan, job.shape.dp)
+                sim.grow(job, plan, job.dp + missing)
+                return missing * replica_gpus
+            missing //= 2
+        return 0
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Tidal, TopologyOnly, StaticSplit, FirstFit)}
+class TidalReactive(Tidal):
+    name = "tidal-reactive"
+    forecast_lead_s = 0.0
+
+
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (AutoscalePreempt, StaticSplit, TopologyOnly, FirstFit, Tidal, TidalReactive)
+}
+DEFAULT_POLICIES = ("autoscale-preempt", "static-split", "topology-only", "first-fit", "tidal")

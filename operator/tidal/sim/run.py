@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidal.sim.engine import Simulation, Totals
-from tidal.sim.policies import POLICIES
-from tidal.sim.workload import build_workload
+from tidal.sim.engine import Costs, Simulation, Totals
+from tidal.sim.policies import DEFAULT_POLICIES, POLICIES
+from tidal.sim.workload import Workload, build_workload
 from tidal.topology import fleet_for_gpus, snapshot_from_fleet
 
 
@@ -23,6 +23,9 @@ class Scenario:
     inference_peak_share: float = 0.4
     training_load_share: float = 1.0
     traces_dir: Path | None = None
+    spares_per_supernode: int = 0
+    """Hot-spare nodes per supernode (used only to re-place failed groups)."""
+    costs: Costs = field(default_factory=Costs)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -35,67 +38,158 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, float]:
     capacity = total_gpus * seconds
     return {
-        # Busy GPUs: training, plus inference replicas that the demand actually needs.
-        "gpu_utilization": round((totals.training_gpu_s + totals.inference_used_gpu_s) / capacity, 4),
-        "training_gpu_hours": round(totals.useful_work / 3600, 1),
-        "inference_demand_met": round(totals.served_gpu_windows / totals.demanded_gpu_windows, 4)
-        if totals.demanded_gpu_windows
-        else 1.0,
+        # Useful work only: training goodput plus warm inference replicas the demand needs.
+        "gpu_utilization": round((totals.useful_work + totals.inference_used_gpu_s) / capacity, 4),
+        "goodput_gpu_hours": round(totals.useful_work / 3600, 1),
+        "training_gpu_hours": round(totals.useful_work / 3600, 1),  # the same; kept for old readers
+        "inference_demand_met": round(totals.served_gpu_s / totals.demanded_gpu_s, 4) if totals.demanded_gpu_s else 1.0,
+        "inference_slo_violation_minutes": round(totals.slo_violation_s / 60, 1),
+        "evictions": totals.evictions,
+        "shrinks": totals.shrinks,
+        "grow_backs": totals.grow_backs,
+        "flaps": totals.flaps,
+        "budget_limited": totals.budget_limited,
         "job_wait_p50_s": round(percentile(totals.waits, 0.5), 1),
         "job_wait_p95_s": round(percentile(totals.waits, 0.95), 1),
         "jobs_started": len(totals.waits),
         "hbd_split_groups": totals.split_groups,
+        "failure_restarts": totals.restarts,
+        "group_restarts": totals.group_restarts,
         "lost_gpu_hours_failures": round(totals.lost_failures_gpu_s / 3600, 1),
         "lost_gpu_hours_preemption": round(totals.lost_preemption_gpu_s / 3600, 1),
+        "stalled_gpu_hours": round(totals.stalled_gpu_s / 3600, 1),
+        "cold_start_gpu_hours": round(totals.cold_gpu_s / 3600, 1),
         "gpus_idle": round(totals.idle_gpu_s / seconds, 1),
     }
 
 
-def run_scenario(scenario: Scenario, policies: list[str] | None = None, check: bool = False) -> dict:
-    started = time.perf_counter()
+def build(scenario: Scenario) -> tuple[list, Workload]:
     fleet = fleet_for_gpus(scenario.shape, scenario.gpus)
-    nodes = sum(len(sn.nodes) for sn in fleet)
-    gpus = sum(sn.shape.gpus for sn in fleet)
+    kinds: dict[str, int] = {}
+    for sn in fleet:
+        kinds[sn.shape.kind] = kinds.get(sn.shape.kind, 0) + sn.shape.gpus
     workload = build_workload(
-        cluster_gpus=gpus,
-        nodes=nodes,
+        cluster_gpus=sum(kinds.values()),
+        nodes=sum(len(sn.nodes) for sn in fleet),
         days=scenario.days,
         seed=scenario.seed,
         inference_peak_share=scenario.inference_peak_share,
         training_load_share=scenario.training_load_share,
         traces_dir=scenario.traces_dir,
+        kinds=kinds,
     )
-    results, series = {}, {}
-    for name in policies or list(POLICIES):
-        sim = Simulation(snapshot_from_fleet(fleet), workload, POLICIES[name]())
-        totals = sim.run()
-        if check:
-            sim.check_conservation()
+    return fleet, workload
+
+
+def snapshot_for(fleet: list, spares: int):
+    snapshot = snapshot_from_fleet(fleet)
+    if spares:
+        for sn in fleet:
+            if len(sn.nodes) > spares:
+                for node in sn.nodes[-spares:]:
+                    snapshot.update_node(node.name, spare=True)
+    return snapshot
+
+
+def run_policy(scenario: Scenario, name: str, fleet: list, workload: Workload, check: bool = False):
+    sim = Simulation(
+        snapshot_for(fleet, scenario.spares_per_supernode), workload, POLICIES[name](), costs=scenario.costs
+    )
+    totals = sim.run()
+    if check:
+        sim.check_conservation()
+    return sim, totals
+
+
+def run_scenario(scenario: Scenario, policies: list[str] | None = None, check: bool = False) -> dict:
+    started = time.perf_counter()
+    fleet, workload = build(scenario)
+    gpus = sum(sn.shape.gpus for sn in fleet)
+    results, series, walls = {}, {}, {}
+    for name in policies or list(DEFAULT_POLICIES):
+        t0 = time.perf_counter()
+        sim, totals = run_policy(scenario, name, fleet, workload, check)
         results[name] = summarize(totals, gpus, sim.end)
+        walls[name] = round(time.perf_counter() - t0, 1)
         series[name] = totals.samples
     return {
         "wall_s": round(time.perf_counter() - started, 1),
+        "wall_s_by_policy": walls,
         "gpus": gpus,
-        "nodes": nodes,
+        "nodes": sum(len(sn.nodes) for sn in fleet),
         "shape": scenario.shape,
         "days": scenario.days,
         "seed": scenario.seed,
+        "inference_peak_share": scenario.inference_peak_share,
+        "training_load_share": scenario.training_load_share,
         "training_jobs": len(workload.arrivals),
         "failures": len(workload.failures),
         "policies": results,
+        "lead_vs_autoscale_preempt": lead(results),
         "series": series,
     }
 
 
+def lead(results: dict[str, dict]) -> float | None:
+    """tidal goodput / autoscale-preempt goodput, when tidal meets at least as much inference
+    demand (else None: no lead is claimed)."""
+    t, a = results.get("tidal"), results.get("autoscale-preempt")
+    if not t or not a or not a["goodput_gpu_hours"]:
+        return None
+    if t["inference_demand_met"] < a["inference_demand_met"]:
+        return None
+    return round(t["goodput_gpu_hours"] / a["goodput_gpu_hours"], 3)
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """Mean and spread (min, max) of every figure over the runs of several seeds."""
+    out: dict = {"seeds": [r["seed"] for r in runs], "policies": {}}
+    for name in runs[0]["policies"]:
+        out["policies"][name] = {}
+        for key in runs[0]["policies"][name]:
+            values = [r["policies"][name][key] for r in runs]
+            out["policies"][name][key] = {
+                "mean": round(statistics.fmean(values), 4),
+                "min": min(values),
+                "max": max(values),
+            }
+    leads = [r["lead_vs_autoscale_preempt"] for r in runs]
+    ratios = [
+        r["policies"]["tidal"]["goodput_gpu_hours"] / r["policies"]["autoscale-preempt"]["goodput_gpu_hours"]
+        for r in runs
+        if "tidal" in r["policies"] and "autoscale-preempt" in r["policies"]
+    ]
+    out["lead_vs_autoscale_preempt"] = (
+        {"mean": round(statistics.fmean(leads), 3), "min": min(leads), "max": max(leads)}
+        if leads and all(x is not None for x in leads)
+        else None
+    )
+    out["goodput_ratio_tidal_vs_autoscale_preempt"] = (
+        {"mean": round(statistics.fmean(ratios), 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+        if ratios
+        else None
+    )
+    return out
+
+
 COLUMNS = (
     "gpu_utilization",
-    "training_gpu_hours",
+    "goodput_gpu_hours",
     "inference_demand_met",
+    "inference_slo_violation_minutes",
+    "evictions",
+    "shrinks",
+    "grow_backs",
+    "flaps",
+    "budget_limited",
     "job_wait_p50_s",
     "job_wait_p95_s",
     "hbd_split_groups",
+    "failure_restarts",
     "lost_gpu_hours_failures",
     "lost_gpu_hours_preemption",
+    "stalled_gpu_hours",
+    "cold_start_gpu_hours",
     "gpus_idle",
 )
 
@@ -103,10 +197,26 @@ COLUMNS = (
 def table(result: dict) -> str:
     names = list(result["policies"])
     width = max(len(c) for c in COLUMNS)
-    lines = [f"{'':<{width}}  " + "  ".join(f"{n:>14}" for n in names)]
+    lines = [f"{'':<{width}}  " + "  ".join(f"{n:>17}" for n in names)]
     for column in COLUMNS:
-        lines.append(f"{column:<{width}}  " + "  ".join(f"{result['policies'][n][column]:>14}" for n in names))
+        cells = []
+        for n in names:
+            v = result["policies"][n][column]
+            if isinstance(v, dict):  # over seeds: mean and spread
+                half = (v["max"] - v["min"]) / 2
+                cells.append(f"{_fmt(v['mean'])}±{_fmt(half)}")
+            else:
+                cells.append(str(v))
+        lines.append(f"{column:<{width}}  " + "  ".join(f"{c:>17}" for c in cells))
     return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.4g}"
 
 
 def write_outputs(result: dict, out: Path) -> list[Path]:

@@ -5,10 +5,13 @@
   factor so that the busiest window needs `inference_peak_share` of the cluster.
 - Training: job arrivals follow the Helios (Earth) >=8-GPU demand (running + pending GPUs) per
   10-minute window, scaled so that the offered training load averages `training_load_share` of
-  the cluster; sizes come from TRAINING_MIX (calibrated on AcmeTrace/Helios, see workload_mix.py);
-  durations are log-normal with a median of 1 h x (GPUs / 8)^0.3 and sigma 1.0, capped at 48 h
-  (long LLM gangs run longer; AcmeTrace reports heavy-tailed run times). Half of the jobs with
-  dp >= 2 are elastic down to dp/2; 90% are preemptible; priorities 0..3.
+  the cluster; sizes come from TRAINING_MIX (workload_mix.py), capped to the group size the
+  domain type holds; durations are log-normal fitted to the AcmeTrace summary of the Helios
+  cluster's GPU jobs (median 206 s, mean 6,652 s, so sigma = sqrt(2 ln(6652/206)) = 2.64, capped
+  at Helios's longest run, 4.32 M s), times (GPUs / 8)^0.3 since bigger gangs run longer. Half of
+  the jobs with dp >= 2 are elastic down to dp/2; 90% are preemptible; priorities 0..3.
+- Mixed fleets: each domain type (nvl72, cm384, hgx8) gets its share of the inference demand and
+  of the training load by its share of the GPUs, its own accelerator and group sizes that fit it.
 - Failures: the Llama 3 rate, 419 unexpected interruptions per 54 days on 16,384 GPUs, by cause
   (Table 5); each takes one node down: hardware causes for 4 h, software/unknown ones for 30 min.
 """
@@ -18,15 +21,20 @@ from __future__ import annotations
 import csv
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from statistics import NormalDist
 
 from tidal.placement.workload_mix import TRAINING_MIX, JobShape, sample_shapes
 
 WINDOW = 600  # seconds: the traces' resolution
+WARM_DAYS = 51  # > HELIOS_MAX_RUN_S: every job that could still run at day 0
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 SOFTWARE_CATEGORIES = {"Dependency", "Unknown"}
+# AcmeTrace cluster_summary.csv, Helios row: GPU jobs' median and mean run time, longest run.
+HELIOS_MEDIAN_RUN_S, HELIOS_MEAN_RUN_S, HELIOS_MAX_RUN_S = 206.0, 6651.681, 4_320_009.0
+DURATION_SIGMA = math.sqrt(2 * math.log(HELIOS_MEAN_RUN_S / HELIOS_MEDIAN_RUN_S))
 
 
 def trace_path(name: str, traces_dir: Path | None = None) -> Path:
@@ -41,6 +49,12 @@ class PoolModel:
     tp: int
     gpus_per_pod: int
     rps_per_replica: float
+    accelerator: str = "nvidia.com/gpu"
+    model: str = ""  # the ServeGen model whose rates the pool serves (default: its name)
+
+    @property
+    def trace_model(self) -> str:
+        return self.model or self.name
 
 
 POOLS = (
@@ -48,6 +62,47 @@ POOLS = (
     PoolModel("m-mid", 4, 4, 8.0),
     PoolModel("m-small", 2, 2, 30.0),
 )
+
+
+@dataclass(frozen=True)
+class Domain:
+    """What runs on one kind of supernode: its accelerator and the largest HBD group it holds."""
+
+    kind: str
+    accelerator: str
+    max_group_gpus: int
+
+
+DOMAINS = {
+    "nvl72": Domain("nvl72", "nvidia.com/gpu", 72),
+    "cm384": Domain("cm384", "huawei.com/Ascend910", 384),
+    "hgx8": Domain("hgx8", "nvidia.com/gpu", 8),
+}
+
+
+def fit_shape(shape: JobShape, domain: Domain) -> JobShape:
+    """The same job (same GPUs, same DP) with its HBD group cut to fit the domain: tensor and
+    expert parallelism beyond the domain become pipeline stages."""
+    model = shape.tp * shape.ep
+    if model <= domain.max_group_gpus:
+        return shape
+    tp = min(shape.tp, domain.max_group_gpus)
+    ep = max(1, domain.max_group_gpus // tp)
+    while model % (tp * ep):
+        ep //= 2
+    return replace(shape, tp=tp, ep=ep, pp=shape.pp * model // (tp * ep))
+
+
+def pools_for(kinds: dict[str, int]) -> tuple[PoolModel, ...]:
+    """One pool per ServeGen model and domain type (named after the model alone when one type)."""
+    if len(kinds) == 1:
+        domain = DOMAINS[next(iter(kinds))]
+        return tuple(replace(p, accelerator=domain.accelerator) for p in POOLS)
+    return tuple(
+        replace(p, name=f"{p.name}@{kind}", accelerator=DOMAINS[kind].accelerator, model=p.name)
+        for kind in kinds
+        for p in POOLS
+    )
 
 
 @dataclass(frozen=True)
@@ -59,6 +114,7 @@ class TrainingArrival:
     priority: int
     preemptible: bool
     min_dp: int | None
+    accelerator: str = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -77,6 +133,7 @@ class Workload:
     arrivals: list[TrainingArrival]
     failures: list[Failure]
     scale: dict[str, float] = field(default_factory=dict)
+    pools: tuple[PoolModel, ...] = POOLS
 
     def desired_at(self, pool: str, t: float) -> int:
         series = self.inference_replicas[pool]
@@ -84,7 +141,7 @@ class Workload:
 
 
 def _servegen(days: int, traces_dir: Path | None) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {p.name: [] for p in POOLS}
+    rates: dict[str, list[float]] = {p.name: [] for p in POOLS}  # by ServeGen model
     with trace_path("llm_rate_servegen_language_10min_day0-6.csv", traces_dir).open() as f:
         for row in csv.DictReader(f):
             if row["model"] in rates and int(row["day"]) < days:
@@ -113,7 +170,24 @@ def _failure_causes(traces_dir: Path | None) -> list[tuple[str, str, int]]:
 
 
 def median_duration_s(shape: JobShape) -> float:
-    return 3600.0 * (shape.gpus / 8) ** 0.3
+    return HELIOS_MEDIAN_RUN_S * (shape.gpus / 8) ** 0.3
+
+
+def mean_duration_s(shape: JobShape) -> float:
+    """Mean of the capped log-normal: E[min(X, cap)]."""
+    m, s, c = median_duration_s(shape), DURATION_SIGMA, HELIOS_MAX_RUN_S
+    normal = NormalDist()
+    return m * math.exp(s * s / 2) * normal.cdf((math.log(c / m) - s * s) / s) + c * (
+        1 - normal.cdf(math.log(c / m) / s)
+    )
+
+
+def mix_gpu_time_shares(mix: tuple[JobShape, ...] = TRAINING_MIX) -> list[tuple[JobShape, float, float]]:
+    """(shape, share of jobs, share of offered GPU-time) for each shape of the mix."""
+    weights = sum(s.weight for s in mix)
+    gpu_time = {s: s.weight / weights * s.gpus * mean_duration_s(s) for s in mix}
+    total = sum(gpu_time.values())
+    return [(s, s.weight / weights, gpu_time[s] / total) for s in mix]
 
 
 def build_workload(
@@ -125,40 +199,63 @@ def build_workload(
     inference_peak_share: float = 0.4,
     training_load_share: float = 1.0,
     traces_dir: Path | None = None,
+    kinds: dict[str, int] | None = None,
 ) -> Workload:
+    """`kinds`: GPUs per domain type (default: all NVL72)."""
     rng = random.Random(seed)
+    kinds = kinds or {"nvl72": cluster_gpus}
+    pools = pools_for(kinds)
     rates = _servegen(days, traces_dir)
-    # One scale factor for all models keeps their mix; the busiest window needs the peak share.
-    peak_gpus = max(sum(rates[p.name][w] / p.rps_per_replica * p.tp for p in POOLS) for w in range(days * 144))
-    k = inference_peak_share * cluster_gpus / peak_gpus
-    replicas = {p.name: [math.ceil(r * k / p.rps_per_replica) for r in rates[p.name]] for p in POOLS}
+    # One scale factor for all models keeps their mix; the busiest window needs the peak share
+    # of each domain type's GPUs.
+    replicas: dict[str, list[int]] = {}
+    scale: dict[str, float] = {}
+    for kind, gpus in kinds.items():
+        mine = [p for p in pools if p.accelerator == DOMAINS[kind].accelerator and (len(kinds) == 1 or kind in p.name)]
+        peak = max(sum(rates[p.trace_model][w] / p.rps_per_replica * p.tp for p in mine) for w in range(days * 144))
+        k = inference_peak_share * gpus / peak
+        scale[f"inference_rate_scale_{kind}"] = k
+        for p in mine:
+            replicas[p.name] = [math.ceil(r * k / p.rps_per_replica) for r in rates[p.trace_model]]
 
     demand = _helios(days, traces_dir)
     mean_demand = sum(demand) / len(demand)
-    mix = TRAINING_MIX
-    weights = sum(s.weight for s in mix)
-    mean_gpu_seconds = sum(s.weight / weights * s.gpus * median_duration_s(s) * math.exp(0.5) for s in mix)
-    base_rate = training_load_share * cluster_gpus / mean_gpu_seconds  # arrivals per second
-    arrivals = []
-    for w, d in enumerate(demand):
-        expected = base_rate * WINDOW * d / mean_demand
-        count = _poisson(rng, expected)
-        for _ in range(count):
-            shape = sample_shapes(rng, 1, mix)[0]
-            duration = min(median_duration_s(shape) * math.exp(rng.gauss(0, 1.0)), 48 * 3600)
-            elastic = shape.dp >= 2 and rng.random() < 0.5
-            arrivals.append(
-                TrainingArrival(
-                    job_id=len(arrivals),
-                    at=w * WINDOW + rng.random() * WINDOW,
+    arrivals: list[TrainingArrival] = []
+    for kind, gpus in kinds.items():
+        domain = DOMAINS[kind]
+        # Nobody submits a gang bigger than a quarter of the GPUs of its kind.
+        mix = tuple(fit_shape(s, domain) for s in TRAINING_MIX if s.gpus <= max(gpus // 4, 8))
+        weights = sum(s.weight for s in mix)
+        mean_gpu_seconds = sum(s.weight / weights * s.gpus * mean_duration_s(s) for s in mix)
+        base_rate = training_load_share * gpus / mean_gpu_seconds  # arrivals per second
+        scale[f"training_arrivals_per_hour_{kind}"] = base_rate * 3600
+        # The cluster starts in steady state: jobs that arrived in the WARM_DAYS before day 0
+        # and would still run arrive at 0 with the rest of their work (a separate random
+        # stream, so the week's own arrivals do not depend on it).
+        warm = random.Random(seed * 7919 + len(arrivals))
+        for w in range(-WARM_DAYS * 144, len(demand)):
+            r = warm if w < 0 else rng
+            d = mean_demand if w < 0 else demand[w]
+            count = _poisson(r, base_rate * WINDOW * d / mean_demand)
+            for _ in range(count):
+                shape = sample_shapes(r, 1, mix)[0]
+                duration = min(median_duration_s(shape) * math.exp(r.gauss(0, DURATION_SIGMA)), HELIOS_MAX_RUN_S)
+                elastic = shape.dp >= 2 and r.random() < 0.5
+                at = w * WINDOW + r.random() * WINDOW
+                arrival = TrainingArrival(
+                    job_id=0,
+                    at=max(at, 0.0),
                     shape=shape,
-                    duration_s=duration,
-                    priority=rng.randint(0, 3),
-                    preemptible=rng.random() < 0.9,
+                    duration_s=max(duration + min(at, 0.0), 1.0),
+                    priority=r.randint(0, 3),
+                    preemptible=r.random() < 0.9,
                     min_dp=max(1, shape.dp // 2) if elastic else None,
+                    accelerator=domain.accelerator,
                 )
-            )
-    arrivals.sort(key=lambda a: (a.at, a.job_id))
+                if at + duration > 0:
+                    arrivals.append(arrival)
+    arrivals.sort(key=lambda a: (a.at, a.shape.gpus))
+    arrivals = [replace(a, job_id=i) for i, a in enumerate(arrivals)]
 
     causes = _failure_causes(traces_dir)
     per_gpu_second = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 86400 * LLAMA3_GPUS)
@@ -171,9 +268,7 @@ def build_workload(
         component, category, _ = rng.choices(causes, weights=[n for _, _, n in causes])[0]
         down = 1800.0 if category in SOFTWARE_CATEGORIES else 4 * 3600.0
         failures.append(Failure(t, rng.randrange(nodes), component, category, down))
-    return Workload(
-        days, replicas, arrivals, failures, {"inference_rate_scale": k, "training_arrivals_per_hour": base_rate * 3600}
-    )
+    return Workload(days, replicas, arrivals, failures, scale, pools)
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
