@@ -135,3 +135,17 @@ def test_a_small_group_goes_where_it_costs_queued_sizes_nothing_not_into_the_tig
     demand.observe("nvidia.com/gpu", 16, 4.0)
     plan = plan_gang(snap, GangRequest("tiny", groups=1, group_gpus=4, gpus_per_pod=4), demand)
     assert plan.supernodes == {"nvl72-0001"}, "the tightest hole would strand the queued group"
+
+
+def test_the_block_whose_leftover_loses_least_wins_over_the_fullest_block():
+    # Block 0: one rack with 32 free (room for 2 groups). Block 1: three racks with 16 free.
+    # Best-fit by capacity picks block 0 and destroys the only 32-GPU hole; the leftover score
+    # fills two 16-GPU holes in block 1 instead.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 32))
+    for s in range(32):
+        use(snap, f"nvl72-{s:04d}", {3: 10, 20: 14, 21: 14, 22: 14}.get(s, 18))
+    demand = GroupDemand()
+    demand.observe("nvidia.com/gpu", 16)
+    demand.observe("nvidia.com/gpu", 32)
+    plan = plan_gang(snap, GangRequest("pair", groups=2, group_gpus=16, gpus_per_pod=4), demand)
+    assert plan.supernodes <= {"nvl72-0020", "nvl72-0021", "nvl72-0022"} and len(plan.supernodes) == 2

@@ -32,6 +32,8 @@ from tidal.placement.types import (
 from tidal.topology.snapshot import ClusterSnapshot, OverbookedError
 
 WHOLE_DOMAIN_WEIGHT = 1.0
+BLOCKS_SCORED = 16
+"""When one block suffices, the fullest this many fitting blocks are scored by leftover lost."""
 """Worth of an empty domain's GPUs for domain-sized groups, against 1.0 for all demanded sizes."""
 
 
@@ -117,15 +119,19 @@ def _choose_supernodes(
         block = snapshot.supernodes[name].block or ""
         blocks[block].append(name)
         block_capacity[block] += groups
+    scorer = _LeftoverScorer(request.group_gpus, sizes)
+    if wanted == 1:
+        # A single group never crosses the scale-out network: every supernode competes for it.
+        return _least_leftover_lost(snapshot, scorer, dict(capacity), 1)[0]
     remaining = wanted
     chosen: list[tuple[str, int]] = []
     while remaining > 0 and block_capacity:
         fitting = [b for b, groups in block_capacity.items() if groups >= remaining]
         if fitting:
-            # One block suffices: the one whose leftover loses least, the fuller one on a tie. A
-            # single group never crosses the scale-out network, so every block competes for it.
+            # One block suffices: the one whose leftover loses least, the fuller one on a tie.
+            # Only the fullest few are scored, so 400 HGX blocks do not cost 400 greedy runs.
+            fitting = sorted(fitting, key=lambda b: (block_capacity[b], b))[:BLOCKS_SCORED]
             best = None
-            scorer = _LeftoverScorer(request.group_gpus, sizes)
             for b in fitting:
                 picks, lost = _least_leftover_lost(snapshot, scorer, {n: capacity[n] for n in blocks[b]}, remaining)
                 key = (round(lost, 6), block_capacity[b], b)
