@@ -231,8 +231,11 @@ def _preempt_or_wait(
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     request = request_for(view, shape, status["phase"] == "Restarting")
     gangs, scratch = _preemption_inputs(cyc, statuses)
-    if not any(g.preemptible and g.priority < request.priority for g in gangs):
-        # Nobody it may preempt: skip the planner (and its snapshot copy) altogether.
+    own_victims = any(
+        s.get("eviction") and s["eviction"].get("by", "").startswith(view.ref + " ") for _, s in statuses.values()
+    )
+    if not own_victims and not any(g.preemptible and g.priority < request.priority for g in gangs):
+        # Nobody it may preempt and nobody already leaving for it: skip the planner altogether.
         return _pending(cyc, view, status, miss.reason.value, miss.message)
     result = plan_preemption(scratch, request, gangs)
     if not isinstance(result, PreemptionPlan):
