@@ -35,8 +35,17 @@ log() { echo "[cluster] $*" >&2; }
 
 binaries() { "$here/build-binaries.sh" | tail -n 1; }
 
-python_bin() {
-  if [[ -x "${TIDAL_PYTHON:-}" ]]; then echo "$TIDAL_PYTHON"; else command -v python3; fi
+python_bin() {  # the repo's virtualenv (e2e/setup.sh makes it) when there is one
+  if [[ -x "${TIDAL_PYTHON:-}" ]]; then echo "$TIDAL_PYTHON"
+  elif [[ -x "$repo/.venv/bin/python" ]]; then echo "$repo/.venv/bin/python"
+  else command -v python3; fi
+}
+
+need_tidal_deps() {
+  if ! "$(python_bin)" -c "import pydantic, structlog, yaml" 2>/dev/null; then
+    log "tidal's Python dependencies are missing for $(python_bin): run e2e/setup.sh first (it makes .venv)"
+    exit 1
+  fi
 }
 
 ready() {
@@ -70,6 +79,7 @@ nodes_settled() {
 }
 
 up() {
+  need_tidal_deps
   bin=$(binaries)
   local start; start=$(date +%s)
   if ready; then
