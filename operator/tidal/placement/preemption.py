@@ -1,25 +1,74 @@
 """Which whole gangs (or whole elastic DP replicas) to evict so a higher-priority gang fits.
 
-Greedy on "groups of room gained per GPU evicted", where a supernode brought closer to holding
-one more group earns part of a group: evictions concentrated on few supernodes win, so the
-planner frees whole domains rather than scattering victims. A pruning pass then gives back
-every eviction the plan can do without. Never touches a non-preemptible gang or one of equal or
-higher priority; returns nothing at all when even evicting every candidate would not make room.
+Objective, lexicographic: fewest GPUs evicted, then fewest victims (evictions), then lowest
+priority (priority weighted by the GPUs taken), then names for determinism.
+
+Model. Room is a count: a supernode with the request's accelerator holds
+floor(slots / pods_per_group) groups, where slots sums floor(free / gpus_per_pod) over its usable
+nodes (hot spares only on recovery), and the request fits exactly when the counts add up to
+`groups` (plan_gang's own test). Each candidate gang is a ladder of nested options: give back its
+top 1..K DP replicas (elastic gangs, never below min_replicas), or suspend it whole. A victim's
+allocations are summed per node first (two 4-GPU pods of one victim on an 8-GPU node free one
+8-GPU slot). Only the nodes and supernodes the candidates touch are tracked, as an overlay of
+released GPUs on the snapshot: no copy and no scan of the cluster per step.
+
+Search.
+1. Greedy on room gained per GPU evicted. Room is a potential: whole groups, plus convex partial
+   credit for a supernode brought closer to its next group (so evictions that finish a domain
+   beat evictions scattered over many), all capped at what is still missing: a move is worth
+   only the room the request still lacks. Ties go to moves that finish more groups, then to
+   bigger moves (fewer victims), then to lower priority. A lazy heap keeps it fast; after a pick
+   only the moves on the supernodes (and shared nodes) it touched are re-scored.
+2. Prune: give back, most GPUs first, every option (or top part of a shrink) the plan can do without.
+3. Improve: for each victim, most GPUs first, drop it and re-cover the gap greedily from its
+   neighbours (gangs on the same supernodes) with at most as many GPUs, prune, and keep the
+   result if the objective improved.
+4. Exact: when few gangs can matter, a depth-first branch and bound over every gang's ladder,
+   seeded with the heuristic's plan, pruned on cost and on "not even everything left would make
+   room", capped in nodes explored (the best plan found so far is kept when the cap is hit).
+
+Safety: never touches a non-preemptible gang or one of equal or higher priority; evicts nothing
+when even evicting every candidate would not make room; the placement returned is plan_gang's
+on the snapshot with the victims' GPUs released. The caller's snapshot is left as it was (the
+victims' GPUs are released on it only while plan_gang runs, then restored exactly).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+import heapq
+import time
+from collections import ChainMap
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from itertools import count
+from typing import TypeVar
 
 from tidal.placement.gang import plan_gang
 from tidal.placement.types import GangRequest, PlacementPlan, Unplaceable
-from tidal.topology.snapshot import ClusterSnapshot
+from tidal.topology.snapshot import ClusterSnapshot, NodeState
 
 Allocation = tuple[tuple[str, int], ...]
 """(node, GPUs) pairs."""
 
+T = TypeVar("T")
+_UNSEEN = object()
+
 _PARTIAL_CREDIT = 0.5
+"""What a supernode one slot short of its next group is worth at most, in groups (< 1: finished groups win)."""
+_EXACT_MAX_GANGS = 40
+"""Branch and bound when at most this many gangs can matter; above, the heuristic alone."""
+_EXACT_MAX_NODES = 20_000
+"""Search nodes the branch and bound may explore before it settles for the best plan found."""
+_EXACT_MAX_WORK = 400_000
+"""Node updates (released GPUs applied or taken back) the branch and bound may spend likewise."""
+_IMPROVE_ATTEMPTS = 24
+"""Victims the improvement pass tries to replace (the most expensive first), when every candidate may replace them."""
+_IMPROVE_ATTEMPTS_NEIGHBOURS = 8
+"""Likewise on large instances, where only neighbours may (the greedy's picks there rarely have a cheaper swap)."""
+_IMPROVE_SECONDS = 0.05
+"""Wall-clock guard for the improvement pass on huge instances; the attempt cap binds first on small ones."""
+_IMPROVE_EVERYONE_GANGS = 100
+"""Up to this many candidates, a victim's replacement may come from any of them; above, from its neighbours."""
 
 
 @dataclass(frozen=True)
@@ -56,20 +105,6 @@ class PreemptionPlan:
         return sum(e.gpus for e in self.evictions)
 
 
-@dataclass
-class _Move:
-    gang: RunningGang
-    replicas: tuple[int, ...]
-    whole: bool
-
-    def allocation(self) -> list[tuple[str, int]]:
-        return [a for r in self.replicas for a in self.gang.replicas[r]]
-
-    @property
-    def gpus(self) -> int:
-        return sum(g for _, g in self.allocation())
-
-
 def plan_preemption(
     snapshot: ClusterSnapshot, request: GangRequest, running: list[RunningGang]
 ) -> PreemptionPlan | Unplaceable:
@@ -78,128 +113,778 @@ def plan_preemption(
         return PreemptionPlan((), direct)
     if direct.permanent:
         return direct
-    eligible = [g for g in running if g.preemptible and g.priority < request.priority and g.replicas]
+    eligible = eligible_gangs(running, request.priority)
     if not eligible:
         return direct
-    room = _Room(snapshot.copy(), request)
-    for gang in eligible:
-        room.release(_Move(gang, tuple(range(len(gang.replicas))), True).allocation())
-    if room.groups() < request.groups:
+    search = EvictionSearch(snapshot, request, eligible, base_groups=direct.groups_fitting_now)
+    choice = search.solve(request.groups, search.full_limits())
+    if choice is None:
         return direct  # evicting every candidate would still not make room: evict nobody
-
-    room = _Room(snapshot.copy(), request)
-    evicted: dict[str, set[int]] = defaultdict(set)
-    whole: set[str] = set()
-    chosen: list[_Move] = []
-    while room.groups() < request.groups:
-        best = max(
-            _candidate_moves(eligible, evicted, whole),
-            key=lambda m: (room.gain(m.allocation()) / max(m.gpus, 1), -m.gang.priority, -m.gpus, m.gang.name),
-        )
-        room.release(best.allocation())
-        chosen.append(best)
-        evicted[best.gang.name].update(best.replicas)
-        if best.whole:
-            whole.add(best.gang.name)
-
-    chosen = _prune(room, chosen)
-    evictions = _as_evictions(chosen)
-    plan = plan_gang(room.snapshot, request)
-    assert isinstance(plan, PlacementPlan), "capacity count and plan_gang disagree"
-    return PreemptionPlan(evictions, plan)
+    placement = search.place(choice.levels, request)
+    if placement is None:
+        return direct  # the count and plan_gang disagree: evicting on a guess would be worse
+    return PreemptionPlan(search.evictions(choice.levels), placement)
 
 
-def _candidate_moves(eligible: list[RunningGang], evicted: dict[str, set[int]], whole: set[str]) -> list[_Move]:
-    moves = []
-    for gang in eligible:
-        if gang.name in whole:
-            continue
-        remaining = tuple(r for r in range(len(gang.replicas)) if r not in evicted[gang.name])
-        if gang.min_replicas is not None and len(remaining) > gang.min_replicas:
-            moves.append(_Move(gang, (remaining[-1],), False))  # shrink by the highest replica
-        moves.append(_Move(gang, remaining, True))
-    return moves
+def eligible_gangs(running: Iterable[RunningGang], priority: int) -> list[RunningGang]:
+    """The gangs a request of `priority` may evict: preemptible, strictly lower priority, placed."""
+    return [g for g in running if g.preemptible and g.priority < priority and g.replicas]
 
 
-def _prune(room: _Room, chosen: list[_Move]) -> list[_Move]:
-    """Give back evictions the request does not need: most valuable victims first."""
-    kept = list(chosen)
-    for move in sorted(chosen, key=lambda m: (-m.gang.priority, -m.gpus)):
-        if not move.whole and _has_lower_shrink(move, kept):
-            continue  # replicas are given back from the top down; keep the set a suffix
-        room.take(move.allocation())
-        if room.groups() >= room.request.groups:
-            kept.remove(move)
-        else:
-            room.release(move.allocation())
-    return kept
+@dataclass(frozen=True)
+class Choice:
+    """One option per candidate gang (0: untouched), and what it costs."""
+
+    levels: tuple[int, ...]
+    gpus: int
+    victims: int
+    priority_gpus: int
+    groups: int
+    """Groups of the request the cluster holds with these evictions."""
+
+    @property
+    def objective(self) -> tuple[int, int, int]:
+        return (self.gpus, self.victims, self.priority_gpus)
 
 
-def _has_lower_shrink(move: _Move, kept: list[_Move]) -> bool:
-    return any(
-        m is not move and m.gang.name == move.gang.name and not m.whole and m.replicas[0] < move.replicas[0]
-        for m in kept
-    )
+class _Victim:
+    """A candidate gang as a ladder of options: level l <= shrinkable gives back its top l replicas,
+    level `top` suspends it whole. Releases are kept per replica, summed per tracked node."""
+
+    __slots__ = ("cost", "disjoint", "gang", "index", "replica_gain", "replica_rel", "shrinkable", "sns", "top")
+
+    def __init__(
+        self,
+        index: int,
+        gang: RunningGang,
+        replica_rel: list[dict[str, int]],
+        replica_gpus: list[int],
+        replica_gain: list[dict[int, int]],
+        disjoint: bool,
+        sns: set[int],
+    ):
+        n = len(gang.replicas)
+        self.index = index
+        self.gang = gang
+        self.replica_rel = replica_rel
+        self.replica_gain = replica_gain
+        """Slots per supernode each replica alone frees on the untouched snapshot."""
+        self.disjoint = disjoint
+        """No two replicas share a node: then gains of several replicas add up."""
+        self.sns = sns
+        """Supernodes it holds tracked nodes in."""
+        self.shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
+        self.top = self.shrinkable if self.shrinkable == n else self.shrinkable + 1
+        self.cost = [sum(replica_gpus[self.first(level) :]) for level in range(self.top + 1)]
+
+    def first(self, level: int) -> int:
+        """Index of the lowest replica the option releases (replicas first..n-1 go)."""
+        n = len(self.gang.replicas)
+        return n - level if level <= self.shrinkable else 0
 
 
-def _as_evictions(chosen: list[_Move]) -> tuple[Eviction, ...]:
-    by_gang: dict[str, list[_Move]] = defaultdict(list)
-    for move in chosen:
-        by_gang[move.gang.name].append(move)
-    evictions = []
-    for name, moves in by_gang.items():
-        gang = moves[0].gang
-        replicas = tuple(sorted({r for m in moves for r in m.replicas}))
-        is_whole = any(m.whole for m in moves) or len(replicas) == len(gang.replicas)
-        if is_whole:
-            replicas = tuple(range(len(gang.replicas)))
-        gpus = sum(g for r in replicas for _, g in gang.replicas[r])
-        evictions.append(Eviction(name, replicas, is_whole, gpus))
-    return tuple(sorted(evictions, key=lambda e: e.gang))
+@dataclass
+class _Move:
+    """Raise one victim from level `lo` to `hi`; `gain` is slots gained per supernode in the current state."""
+
+    victim: int
+    lo: int
+    hi: int
+    cost: int
+    delta: dict[str, int]
+    gain: dict[int, int]
+    alive: bool = True
+    version: int = 0
+    value: float = 0.0
+    whole_groups: int = 0
 
 
-class _Room:
-    """Room for the request's groups in a scratch snapshot, with cheap what-if gains."""
+class _State:
+    """Released GPUs per tracked node, and the slot and group counts they give."""
 
-    def __init__(self, snapshot: ClusterSnapshot, request: GangRequest):
+    __slots__ = ("groups", "nslots", "partial", "rel", "search", "sslots")
+
+    def __init__(self, search: EvictionSearch):
+        self.search = search
+        self.rel: dict[str, int] = {}
+        self.nslots = dict(search.node_slots0)
+        self.sslots = list(search.sn_slots0)
+        self.groups = search.base_groups
+        self.partial = search.partial0
+
+    def apply(self, delta: dict[str, int], sign: int) -> None:
+        s = self.search
+        info, gpp, per_group, phi = s.node_info, s.gpp, s.per_group, s.phi
+        rel, nslots, sslots = self.rel, self.nslots, self.sslots
+        for name, d in delta.items():
+            r = rel.get(name, 0) + sign * d
+            rel[name] = r
+            gpus, alloc, j, _ = info[name]
+            held = alloc - r
+            free = gpus - (held if held > 0 else 0)
+            slots = free // gpp if free > 0 else 0
+            old = nslots[name]
+            if slots != old:
+                nslots[name] = slots
+                before = sslots[j]
+                after = before + slots - old
+                sslots[j] = after
+                self.groups += after // per_group - before // per_group
+                self.partial += phi[after % per_group] - phi[before % per_group]
+
+    def gain(self, delta: dict[str, int]) -> dict[int, int]:
+        """Slots each supernode would gain if `delta` were released on top of this state."""
+        s = self.search
+        info, gpp = s.node_info, s.gpp
+        rel, nslots = self.rel, self.nslots
+        out: dict[int, int] = {}
+        for name, d in delta.items():
+            gpus, alloc, j, _ = info[name]
+            held = alloc - rel.get(name, 0) - d
+            free = gpus - (held if held > 0 else 0)
+            slots = free // gpp if free > 0 else 0
+            old = nslots[name]
+            if slots != old:
+                out[j] = out.get(j, 0) + slots - old
+        return out
+
+    def node_gain(self, name: str, d: int, released: int) -> int:
+        """Slots node `name` gains from `d` more GPUs when `released` are already given back."""
+        gpus, alloc, _, _ = self.search.node_info[name]
+        gpp = self.search.gpp
+        before = gpus - max(alloc - released, 0)
+        after = gpus - max(alloc - released - d, 0)
+        return max(after, 0) // gpp - max(before, 0) // gpp
+
+
+class EvictionSearch:
+    """The candidates of one request shape (accelerator, pod size, group size, recovery) on one snapshot.
+
+    Built once; `solve` answers "fewest GPUs for `groups` groups" for any group count and any
+    per-gang limit on the ladder (plan_capacity's stages), reusing the per-node aggregation.
+    `base_groups` (the groups that fit now) may be passed in when the caller has it from plan_gang.
+    """
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        request: GangRequest,
+        gangs: list[RunningGang],
+        base_groups: int | None = None,
+    ):
         self.snapshot = snapshot
         self.request = request
-        self.matching = {name for name, sn in snapshot.supernodes.items() if sn.accelerator == request.accelerator}
+        self.gpp = gpp = request.gpus_per_pod
+        self.per_group = per_group = request.pods_per_group
+        # Convex partial credit: the last slots before a group are worth more than the first ones.
+        self.phi = [_PARTIAL_CREDIT * (r / per_group) ** 2 for r in range(per_group)]
+        recovery = request.recovery
+        accelerator = request.accelerator
+        supernodes = snapshot.supernodes
+        nodes = snapshot.nodes
+        sn_index: dict[str, int] = {}
+        # One group per pod slot: where a slot is does not matter, so every supernode counts as one.
+        self.flat = flat = per_group == 1
+        self.sn_names: list[str] = ["*"] if flat else []
+        info: dict[str, tuple[int, int, int, int] | None] = {}
+        owner: dict[str, int] = {}
+        shared: dict[str, list[int]] = {}
+        self.victims: list[_Victim] = []
+        for v, gang in enumerate(gangs):
+            replica_rel: list[dict[str, int]] = []
+            replica_gpus: list[int] = []
+            replica_gain: list[dict[int, int]] = []
+            disjoint = True
+            sns: set[int] = set()
+            add_sn = sns.add
+            for replica in gang.replicas:
+                per_node = dict(replica)
+                if len(per_node) != len(replica):  # several pods on a node: what counts is their sum
+                    per_node = {}
+                    for name, g in replica:
+                        per_node[name] = per_node.get(name, 0) + g
+                replica_gpus.append(sum(per_node.values()))
+                gain: dict[int, int] = {}
+                dropped = False
+                for name, g in per_node.items():
+                    t = info.get(name, _UNSEEN)
+                    if t is _UNSEEN:
+                        t = None  # unless tracked below: the GPUs still count as evicted, but give nothing
+                        node = nodes.get(name)
+                        if node is not None and node.ready and not node.cordoned and (recovery or not node.spare):
+                            j = sn_index.get(node.supernode)
+                            if j is None:
+                                j = -1
+                                sn = supernodes.get(node.supernode)
+                                if sn is not None and sn.accelerator == accelerator:
+                                    j = 0 if flat else len(self.sn_names)
+                                    if not flat:
+                                        self.sn_names.append(node.supernode)
+                                sn_index[node.supernode] = j
+                            if j >= 0:
+                                free = node.gpus - node.allocated
+                                t = (node.gpus, node.allocated, j, free // gpp if free > 0 else 0)
+                        info[name] = t
+                    if t is None:
+                        dropped = True
+                        continue
+                    node_gpus, allocated, j, slots0 = t
+                    add_sn(j)
+                    held = allocated - g
+                    free = node_gpus - (held if held > 0 else 0)
+                    gained = (free // gpp if free > 0 else 0) - slots0
+                    if gained:
+                        gain[j] = gain.get(j, 0) + gained
+                    if g < node_gpus:  # the node has room for other pods: note who else holds GPUs there
+                        first = owner.get(name)
+                        if first is None:
+                            owner[name] = v
+                        elif first == v:
+                            disjoint = False  # an earlier replica of this gang is on the node too
+                        else:
+                            users = shared.setdefault(name, [first])
+                            if users[-1] != v:
+                                users.append(v)
+                if dropped:
+                    per_node = {name: g for name, g in per_node.items() if info[name] is not None}
+                replica_rel.append(per_node)
+                replica_gain.append(gain)
+            self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns))
+        self.node_info: dict[str, tuple[int, int, int, int]] = info  # type: ignore[assignment]
+        """Tracked nodes (the request's accelerator, usable, spares only on recovery): name -> (GPUs,
+        allocated, supernode index, pod slots now); None where a release gives the request nothing."""
+        self.node_slots0 = {name: t[3] for name, t in info.items() if t is not None}
+        if flat:
+            self.sn_slots0 = [0]  # only changes count: groups are slots
+        else:
+            self.sn_slots0 = [snapshot.pod_slots(name, gpp, include_spares=recovery) for name in self.sn_names]
+        self.partial0 = sum(self.phi[x % per_group] for x in self.sn_slots0)
+        if base_groups is None:
+            base_groups = sum(
+                snapshot.pod_slots(name, gpp, include_spares=recovery) // per_group
+                for name, sn in supernodes.items()
+                if sn.accelerator == accelerator
+            )
+        self.base_groups = base_groups
+        self.node_victims = shared
+        """Nodes several candidates hold GPUs on: a pick changes what the others' releases there are worth."""
+        self.sn_victims: list[list[int]] = [[] for _ in self.sn_names]
+        for victim in self.victims:
+            for j in victim.sns:
+                self.sn_victims[j].append(victim.index)
+        self._deltas: dict[tuple[int, int, int], dict[str, int]] = {}
 
-    def _slots(self, supernode: str) -> int:
-        return self.snapshot.pod_slots(supernode, self.request.gpus_per_pod, self.request.recovery)
+    # -- limits: how far up its ladder each candidate may go --------------------------------
+    def full_limits(self) -> list[int]:
+        return [v.top for v in self.victims]
 
-    def groups(self) -> int:
-        per_group = self.request.pods_per_group
-        return sum(self._slots(s) // per_group for s in self.matching)
+    def shrink_limits(self) -> list[int]:
+        return [v.shrinkable for v in self.victims]
 
-    def gain(self, allocation: list[tuple[str, int]]) -> float:
-        gpp, per_group = self.request.gpus_per_pod, self.request.pods_per_group
-        extra: dict[str, int] = defaultdict(int)
-        for name, gpus in allocation:
-            node = self.snapshot.nodes.get(name)
-            if node is None or node.supernode not in self.matching or not node.usable:
+    # -- the API -----------------------------------------------------------------------------
+    def max_groups(self, limits: list[int]) -> int:
+        """Groups the cluster holds with every candidate at its limit."""
+        st = _State(self)
+        for v, lim in enumerate(limits):
+            if lim:
+                st.apply(self._delta(v, 0, lim), +1)
+        return st.groups
+
+    def solve(self, groups: int, limits: list[int]) -> Choice | None:
+        """The fewest GPUs (then victims, then priority) that make room for `groups`; None if nothing does."""
+        levels = [0] * len(self.victims)
+        if self.base_groups >= groups:
+            return self._choice(levels, self.base_groups)
+        st = _State(self)
+        self._greedy(st, levels, limits, groups)
+        if st.groups < groups:
+            # The greedy ran out of moves that help on their own (releases that only free a slot
+            # together): take everything, which also tells whether any plan exists at all.
+            for v, lim in enumerate(limits):
+                if levels[v] < lim:
+                    st.apply(self._delta(v, levels[v], lim), +1)
+                    levels[v] = lim
+            if st.groups < groups:
+                return None
+        self._prune(st, levels, groups)
+        relevant = [v for v, lim in enumerate(limits) if lim and self.victims[v].sns]
+        self._improve(st, levels, limits, groups, everyone=len(relevant) <= _IMPROVE_EVERYONE_GANGS)
+        best = self._choice(levels, st.groups)
+        if len(relevant) <= _EXACT_MAX_GANGS:
+            exact = self._exact(groups, limits, relevant, best)
+            if exact is not None:
+                best = exact
+        return best
+
+    def affordable_groups(self, budget: int, wanted: int) -> int:
+        """The most groups (at most `wanted`) that `budget` evicted GPUs could possibly make room for.
+
+        A supernode holds at most floor(free GPUs / group GPUs) groups; freeing the gap to the next
+        multiple is the cheapest a group can come, then a whole group's worth. Taking the smallest
+        gaps first gives a lower bound on the GPUs for any count (spares ignored, so not on recovery).
+        """
+        if self.request.recovery:
+            return wanted
+        size = self.request.group_gpus
+        now = 0
+        gaps = []
+        for name, sn in self.snapshot.supernodes.items():
+            if sn.accelerator == self.request.accelerator:
+                free = self.snapshot.largest_free_slice(name)
+                now += free // size
+                if free % size:
+                    gaps.append(size - free % size)
+        groups = now
+        left = budget
+        for gap in sorted(gaps):
+            if gap > left:
+                break
+            left -= gap
+            groups += 1
+        return min(wanted, groups + left // size)
+
+    def most_within(self, groups: int, limits: list[int], budget: int) -> Choice:
+        """As many of `groups` groups as the greedy makes room for within `budget` GPUs, pruned."""
+        st = _State(self)
+        levels = [0] * len(self.victims)
+        if st.groups < groups:
+            self._greedy(st, levels, limits, groups, budget=budget)
+        reached = min(st.groups, groups)
+        self._prune(st, levels, reached)
+        return self._choice(levels, st.groups)
+
+    def evictions(self, levels: Iterable[int]) -> tuple[Eviction, ...]:
+        out = []
+        for v, level in enumerate(levels):
+            if not level:
                 continue
-            if node.spare and not self.request.recovery:
+            victim = self.victims[v]
+            n = len(victim.gang.replicas)
+            replicas = tuple(range(victim.first(level), n))
+            out.append(Eviction(victim.gang.name, replicas, len(replicas) == n, victim.cost[level]))
+        return tuple(sorted(out, key=lambda e: e.gang))
+
+    def place(self, levels: Iterable[int], request: GangRequest) -> PlacementPlan | None:
+        """plan_gang on the snapshot with the chosen victims' GPUs released; None if it finds no room."""
+        released: dict[str, int] = {}
+        for v, level in enumerate(levels):
+            if level:
+                victim = self.victims[v]
+                for replica in victim.gang.replicas[victim.first(level) :]:
+                    for name, g in replica:
+                        released[name] = released.get(name, 0) + g
+        try:
+            plan = plan_gang(ReleasedView(self.snapshot, released), request)
+        except AttributeError:
+            # plan_gang asked the view something it does not overlay: release on the snapshot itself.
+            plan = with_released(self.snapshot, released, lambda: plan_gang(self.snapshot, request))
+        return plan if isinstance(plan, PlacementPlan) else None
+
+    # -- internals -----------------------------------------------------------------------------
+    def _delta(self, v: int, lo: int, hi: int) -> dict[str, int]:
+        """GPUs per tracked node that raising victim v from level lo to hi releases (read-only)."""
+        key = (v, lo, hi)
+        delta = self._deltas.get(key)
+        if delta is None:
+            victim = self.victims[v]
+            replicas = victim.replica_rel[victim.first(hi) : victim.first(lo)]
+            delta = replicas[0] if len(replicas) == 1 else {}
+            if len(replicas) > 1:
+                for replica in replicas:
+                    if delta.keys().isdisjoint(replica):
+                        delta.update(replica)  # replicas on distinct nodes, the usual case
+                    else:
+                        for name, g in replica.items():
+                            delta[name] = delta.get(name, 0) + g
+            self._deltas[key] = delta
+        return delta
+
+    def _choice(self, levels: list[int], groups: int) -> Choice:
+        gpus = victims = prio = 0
+        for v, level in enumerate(levels):
+            if level:
+                victim = self.victims[v]
+                gpus += victim.cost[level]
+                victims += 1
+                prio += victim.gang.priority * victim.cost[level]
+        return Choice(tuple(levels), gpus, victims, prio, groups)
+
+    def _potential(self, groups: int, partial: float, target: int) -> float:
+        """Whole groups plus partial credit, capped at the target: room beyond what is missing is worth nothing."""
+        if groups >= target:
+            return float(target)
+        return groups + min(partial, _PARTIAL_CREDIT * (target - groups))
+
+    def _score(self, st: _State, move: _Move, target: int) -> None:
+        per_group, phi = self.per_group, self.phi
+        sslots = st.sslots
+        whole = 0
+        partial = 0.0
+        if self.flat:
+            whole = sum(move.gain.values())
+        else:
+            for j, g in move.gain.items():
+                before = sslots[j]
+                after = before + g
+                whole += after // per_group - before // per_group
+                partial += phi[after % per_group] - phi[before % per_group]
+        move.whole_groups = whole
+        move.value = self._potential(st.groups + whole, st.partial + partial, target) - self._potential(
+            st.groups, st.partial, target
+        )
+
+    def _greedy(
+        self,
+        st: _State,
+        levels: list[int],
+        limits: list[int],
+        target: int,
+        budget: int | None = None,
+        allowed: set[int] | None = None,
+    ) -> int:
+        """Raise victims by best room-per-GPU until `target` groups fit (or no move helps / fits the budget).
+
+        Returns the GPUs it added. Gains are kept per move and supernode; a pick re-scores only the
+        moves on the supernodes it changed and fixes the gains of moves sharing its nodes.
+        """
+        pristine = not any(st.rel.values())
+        heap: list[tuple[tuple, int, int, int, _Move]] = []
+        tick = count()
+        step = 0
+        moves_of: dict[int, list[_Move]] = {}
+
+        def key(m: _Move) -> tuple:
+            victim = self.victims[m.victim]
+            # Best room per GPU; then finished groups (whole domains); bigger moves (fewer victims); low priority.
+            return (-round(m.value / m.cost, 12), -m.whole_groups, -m.cost, victim.gang.priority, victim.gang.name)
+
+        def push(m: _Move) -> None:
+            self._score(st, m, target)
+            m.version += 1
+            if m.value > 1e-12 and (budget is None or m.cost <= budget - spent):
+                heapq.heappush(heap, (key(m), next(tick), step, m.version, m))
+
+        def make_moves(v: int) -> None:
+            lo, lim = levels[v], limits[v]
+            out = []
+            for hi in sorted({lo + 1, lim}):
+                if lo < hi <= lim:
+                    delta = self._delta(v, lo, hi)
+                    if not delta:
+                        continue
+                    victim = self.victims[v]
+                    if pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
+                        gain = {}
+                        for replica_gain in victim.replica_gain[victim.first(hi) : victim.first(lo)]:
+                            for j, g in replica_gain.items():
+                                gain[j] = gain.get(j, 0) + g
+                    else:
+                        gain = st.gain(delta)
+                    out.append(_Move(v, lo, hi, victim.cost[hi] - victim.cost[lo], delta, gain))
+            moves_of[v] = out
+            for m in out:
+                push(m)
+
+        spent = 0
+        for v in range(len(self.victims)):
+            if limits[v] > levels[v] and self.victims[v].sns and (allowed is None or v in allowed):
+                make_moves(v)
+        shared = self.node_victims
+        while st.groups < target and heap:
+            _, _, stamp, version, m = heapq.heappop(heap)
+            if not m.alive or version != m.version:
                 continue
-            free_after = min(node.free + gpus, node.gpus)
-            extra[node.supernode] += free_after // gpp - node.free // gpp
-        total = 0.0
-        for supernode, added in extra.items():
-            before = self._slots(supernode)
-            total += _potential(before + added, per_group) - _potential(before, per_group)
+            if budget is not None and m.cost > budget - spent:
+                continue
+            if stamp != step:  # scored before the last pick: the cap may have moved, so score again
+                push(m)
+                continue
+            pristine = False
+            old_rel = {name: st.rel.get(name, 0) for name in m.delta if name in shared}
+            st.apply(m.delta, +1)
+            spent += m.cost
+            levels[m.victim] = m.hi
+            for old in moves_of.pop(m.victim, ()):
+                old.alive = False
+            step += 1
+            dirty: dict[int, _Move] = {}
+            # Moves of other victims on the same nodes: their slot gains there changed.
+            for name, before in old_rel.items():
+                after = st.rel[name]
+                for u in shared[name]:
+                    if u == m.victim:
+                        continue
+                    for other in moves_of.get(u, ()):
+                        d = other.delta.get(name)
+                        if d is None:
+                            continue
+                        change = st.node_gain(name, d, after) - st.node_gain(name, d, before)
+                        if change:
+                            j = self.node_info[name][2]
+                            other.gain[j] = other.gain.get(j, 0) + change
+                        dirty[id(other)] = other
+            # Moves on the supernodes whose slot counts changed: their room gained changed (when
+            # groups are slots only the cap moves, and stale scores are redone when they surface).
+            for j in () if self.flat else m.gain:
+                for u in self.sn_victims[j]:
+                    for other in moves_of.get(u, ()):
+                        dirty[id(other)] = other
+            for other in dirty.values():
+                push(other)
+            if m.hi < limits[m.victim]:
+                make_moves(m.victim)
+        return spent
+
+    def _prune(self, st: _State, levels: list[int], target: int) -> None:
+        """Lower every victim, most GPUs first, as far down its ladder as the plan allows."""
+        order = sorted(
+            (v for v, level in enumerate(levels) if level),
+            key=lambda v: (-self.victims[v].cost[levels[v]], -self.victims[v].gang.priority, v),
+        )
+        for v in order:
+            level = levels[v]
+            while level > 0:
+                delta = self._delta(v, level - 1, level)
+                st.apply(delta, -1)
+                if st.groups >= target:
+                    level -= 1
+                else:
+                    st.apply(delta, +1)
+                    break
+            levels[v] = level
+
+    def _set_level(self, st: _State, levels: list[int], v: int, level: int) -> None:
+        if level > levels[v]:
+            st.apply(self._delta(v, levels[v], level), +1)
+        elif level < levels[v]:
+            st.apply(self._delta(v, level, levels[v]), -1)
+        levels[v] = level
+
+    def _improve(self, st: _State, levels: list[int], limits: list[int], target: int, everyone: bool) -> None:
+        """Try to replace each victim (most GPUs first) by a cheaper re-cover (it may stay, lower on its ladder).
+
+        The re-cover is greedy with the victim's GPUs as budget, from every candidate when there are
+        few (`everyone`), else from its neighbours (gangs on the same supernodes). When the greedy
+        stalls on releases that only help together, all those candidates go and pruning decides.
+        """
+        deadline = time.perf_counter() + _IMPROVE_SECONDS
+        best = self._choice(levels, st.groups).objective
+        order = sorted(
+            (v for v, level in enumerate(levels) if level),
+            key=lambda v: (-self.victims[v].cost[levels[v]], v),
+        )
+        for v in order[: _IMPROVE_ATTEMPTS if everyone else _IMPROVE_ATTEMPTS_NEIGHBOURS]:
+            if not levels[v] or time.perf_counter() > deadline:
+                continue
+            saved = list(levels)
+            cost = self.victims[v].cost[levels[v]]
+            self._set_level(st, levels, v, 0)
+            tabu = list(limits)
+            tabu[v] = saved[v] - 1  # it may come back lower on its ladder (a smaller shrink), never as it was
+            pool = range(len(levels)) if everyone else self._neighbours(v)
+            self._greedy(st, levels, tabu, target, budget=cost, allowed=None if everyone else set(pool))
+            if st.groups < target:
+                for u in pool:
+                    if tabu[u] > levels[u]:
+                        self._set_level(st, levels, u, tabu[u])
+            if st.groups >= target:
+                self._prune(st, levels, target)
+                objective = self._choice(levels, st.groups).objective
+                if objective < best:
+                    best = objective
+                    continue
+            for u, level in enumerate(saved):
+                if levels[u] != level:
+                    self._set_level(st, levels, u, level)
+
+    def _neighbours(self, v: int) -> set[int]:
+        """Gangs on the supernodes of victim v (on its nodes when groups are slots: then only nodes interact)."""
+        victim = self.victims[v]
+        if not self.flat:
+            return {u for j in victim.sns for u in self.sn_victims[j]}
+        shared = self.node_victims
+        return {v} | {u for rel in victim.replica_rel for name in rel if name in shared for u in shared[name]}
+
+    def _exact(self, target: int, limits: list[int], relevant: list[int], incumbent: Choice) -> Choice | None:
+        """Depth-first branch and bound over the relevant victims' ladders; None if nothing beats the incumbent."""
+        victims = self.victims
+        base = _State(self)
+        scored = []
+        for v in relevant:
+            gain = base.gain(self._delta(v, 0, limits[v]))
+            room = sum(gain.values())
+            scored.append((-room / max(victims[v].cost[limits[v]], 1), v))
+        order = [v for _, v in sorted(scored)]
+        cur = _State(self)
+        opt = _State(self)
+        for v in order:
+            opt.apply(self._delta(v, 0, limits[v]), +1)
+        if opt.groups < target:
+            return None
+        suffix_min = [0] * (len(order) + 1)
+        suffix_min[len(order)] = 1 << 60
+        for k in range(len(order) - 1, -1, -1):
+            suffix_min[k] = min(suffix_min[k + 1], victims[order[k]].cost[1])
+        best_obj = incumbent.objective
+        best_levels: list[int] | None = None
+        levels = [0] * len(victims)
+        explored = work = 0
+
+        def move(v: int, lo: int, hi: int) -> None:
+            """Victim v from level lo to hi in both states (cur: chosen so far, opt: chosen + all the rest)."""
+            nonlocal work
+            if lo < hi:
+                delta = self._delta(v, lo, hi)
+                cur.apply(delta, +1)
+                opt.apply(delta, +1)
+            else:
+                delta = self._delta(v, hi, lo)
+                cur.apply(delta, -1)
+                opt.apply(delta, -1)
+            work += len(delta)
+
+        def dfs(k: int, gpus: int, nvict: int, prio: int) -> None:
+            nonlocal best_obj, best_levels, explored, work
+            explored += 1
+            if cur.groups >= target:
+                if (gpus, nvict, prio) < best_obj:
+                    best_obj, best_levels = (gpus, nvict, prio), list(levels)
+                return  # more evictions would only cost more
+            if k == len(order) or explored > _EXACT_MAX_NODES or work > _EXACT_MAX_WORK:
+                return
+            if (gpus + suffix_min[k], nvict + 1) > best_obj[:2]:
+                return  # one more victim, at least the cheapest left, already costs more than the best plan
+            v = order[k]
+            victim = victims[v]
+            lim = limits[v]
+            # opt held v at its limit: from here on it holds v at the level tried.
+            delta = self._delta(v, 0, lim)
+            opt.apply(delta, -1)
+            work += len(delta)
+            level = 0
+            while True:
+                if opt.groups >= target:  # else not even with everything left: only a higher level of v may do
+                    levels[v] = level
+                    cost = victim.cost[level]
+                    dfs(k + 1, gpus + cost, nvict + (level > 0), prio + victim.gang.priority * cost)
+                    levels[v] = 0
+                if level == lim or (gpus + victim.cost[level + 1], nvict + 1) > best_obj[:2]:
+                    break  # costs rise with the level
+                move(v, level, level + 1)
+                level += 1
+            if level:
+                move(v, level, 0)
+            opt.apply(delta, +1)
+            work += len(delta)
+
+        dfs(0, 0, 0, 0)
+        if best_levels is None:
+            return None
+        st = _State(self)
+        for v, level in enumerate(best_levels):
+            if level:
+                st.apply(self._delta(v, 0, level), +1)
+        return self._choice(best_levels, st.groups)
+
+
+class ReleasedView(ClusterSnapshot):
+    """The snapshot as it would be with `released` GPUs given back, without copying it.
+
+    Nodes with released GPUs are copies, and queries about their supernodes are answered from
+    the member nodes; everything else is the snapshot's own answer. The snapshot's private
+    indexes are not shared: a query that would read them raises AttributeError (callers fall
+    back to with_released), so the view is never silently stale. Read-only: never book on it.
+    """
+
+    def __init__(self, base: ClusterSnapshot, released: dict[str, int]):  # no super().__init__: shares base
+        self._base = base
+        self.supernodes = base.supernodes
+        self.shape_version = base.shape_version
+        changed: dict[str, NodeState] = {}
+        for name, gpus in released.items():
+            node = base.nodes.get(name)
+            if node is None or gpus <= 0:
+                continue  # a node that vanished took its allocation with it
+            changed[name] = NodeState(
+                name=node.name,
+                supernode=node.supernode,
+                gpus=node.gpus,
+                allocated=max(node.allocated - gpus, 0),
+                ready=node.ready,
+                cordoned=node.cordoned,
+                spare=node.spare,
+            )
+        self._changed = changed
+        self.nodes = ChainMap(changed, base.nodes)  # type: ignore[assignment]
+        self._touched = {node.supernode for node in changed.values()}
+        self._totals: dict[tuple[str, int, bool], int] = {}
+
+    def __getattr__(self, name: str) -> object:
+        """Public data the view does not overlay (caches of the cluster's shape) comes from the snapshot."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._base, name)
+
+    def member_nodes(self, supernode: str) -> Iterator[NodeState]:
+        changed, nodes = self._changed, self._base.nodes
+        for name in self.supernodes[supernode].nodes:
+            yield changed.get(name) or nodes[name]
+
+    def _total(self, supernode: str, unit: int, include_spares: bool) -> int:
+        """Sum over member nodes of free // unit (unit 1: free GPUs), cached: the view never changes."""
+        key = (supernode, unit, include_spares)
+        total = self._totals.get(key)
+        if total is None:
+            total = self._totals[key] = sum(
+                n.free // unit for n in self.member_nodes(supernode) if include_spares or not n.spare
+            )
         return total
 
-    def release(self, allocation: list[tuple[str, int]]) -> None:
-        for name, gpus in allocation:
-            self.snapshot.release(name, gpus)
+    def pod_slots(self, supernode: str, gpus_per_pod: int, include_spares: bool = False) -> int:
+        if supernode not in self._touched:
+            return self._base.pod_slots(supernode, gpus_per_pod, include_spares)
+        return self._total(supernode, gpus_per_pod, include_spares)
 
-    def take(self, allocation: list[tuple[str, int]]) -> None:
-        for name, gpus in allocation:
-            node = self.snapshot.nodes.get(name)
-            if node is not None:
-                self.snapshot.update_node(name, allocated=node.allocated + gpus)
+    def largest_free_slice(self, supernode: str) -> int:
+        if supernode not in self._touched:
+            return self._base.largest_free_slice(supernode)
+        return self._total(supernode, 1, False)
+
+    def supernodes_with_free(self, accelerator: str, at_least: int) -> list[str]:
+        untouched = [n for n in self._base.supernodes_with_free(accelerator, at_least) if n not in self._touched]
+        return untouched + [
+            n
+            for n in sorted(self._touched)
+            if self.supernodes[n].accelerator == accelerator and self.largest_free_slice(n) >= at_least
+        ]
+
+    # Queries about the cluster's shape, not its allocation: the snapshot's answers (and caches) hold.
+    def accelerators(self) -> set[str]:
+        return self._base.accelerators()
+
+    def domain_gpus(self, supernode: str) -> int:
+        return self._base.domain_gpus(supernode)
+
+    def total_gpus(self) -> int:
+        return self._base.total_gpus()
 
 
-def _potential(slots: int, per_group: int) -> float:
-    return slots // per_group + _PARTIAL_CREDIT * (slots % per_group) / per_group
+def with_released(snapshot: ClusterSnapshot, released: dict[str, int], fn: Callable[[], T]) -> T:
+    """Run fn with `released` GPUs given back on the snapshot, then put every node's allocation back exactly."""
+    saved: dict[str, int] = {}
+    try:
+        for name, gpus in released.items():
+            node = snapshot.nodes.get(name)
+            if node is None:
+                continue  # a node that vanished took its allocation with it
+            saved[name] = node.allocated
+            snapshot.update_node(name, allocated=max(node.allocated - gpus, 0))
+        return fn()
+    finally:
+        for name, allocated in saved.items():
+            snapshot.update_node(name, allocated=allocated)
+
+
+def sized(request: GangRequest, groups: int) -> GangRequest:
+    """The request for `groups` of its groups (fresh group ids)."""
+    return request if groups == request.groups else replace(request, groups=groups, group_ids=None)

@@ -8,15 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tidal.placement import (
-    Eviction,
-    GangRequest,
-    PlacementPlan,
-    PreemptionPlan,
-    RunningGang,
-    plan_gang,
-    plan_preemption,
-)
+from tidal.placement import Eviction, GangRequest, PlacementPlan, RunningGang, plan_gang
+from tidal.placement.preemption import Choice, EvictionSearch, eligible_gangs, sized
 from tidal.topology.snapshot import ClusterSnapshot
 
 
@@ -33,85 +26,99 @@ class CapacityPlan:
         return sum(e.gpus for e in self.evictions)
 
 
-SHRINK = "#shrink"
-
-
-def _shrinkable(gang: RunningGang) -> RunningGang | None:
-    """The part of an elastic gang that may go without suspending it: its replicas above minDP."""
-    if gang.min_replicas is None or len(gang.replicas) <= gang.min_replicas:
-        return None
-    return replace(gang, name=gang.name + SHRINK, replicas=gang.replicas[gang.min_replicas :], min_replicas=0)
-
-
-def _stages(running: list[RunningGang], priority: int) -> list[tuple[str, list[RunningGang]]]:
-    eligible = [g for g in running if g.preemptible and g.priority < priority]
-    shrink_only = [s for g in eligible if (s := _shrinkable(g)) is not None]
-    stages = [("shrink elastic training", shrink_only)]
-    for tier in sorted({g.priority for g in eligible}):
-        gangs = [g for g in eligible if g.priority <= tier]
-        gangs += [s for g in eligible if g.priority > tier and (s := _shrinkable(g)) is not None]
-        stages.append((f"suspend training of priority <= {tier}", gangs))
+def _stages(search: EvictionSearch) -> list[tuple[str, list[int]]]:
+    """Each stage as a limit per candidate on its ladder: shrink elastic training above minDP first,
+    then suspend whole gangs tier by tier, lowest priority first (higher tiers may still shrink)."""
+    shrink = search.shrink_limits()
+    stages = [("shrink elastic training", shrink)]
+    for tier in sorted({v.gang.priority for v in search.victims}):
+        limits = [v.top if v.gang.priority <= tier else shrink[v.index] for v in search.victims]
+        stages.append((f"suspend training of priority <= {tier}", limits))
     return stages
-
-
-def _as_real(evictions: tuple[Eviction, ...], running: list[RunningGang]) -> tuple[Eviction, ...]:
-    """Map evictions planned on shrink-only views back to the real gangs' replica indices."""
-    by_name = {g.name: g for g in running}
-    out = []
-    for e in evictions:
-        name = e.gang.removesuffix(SHRINK)
-        gang = by_name[name]
-        offset = (gang.min_replicas or 0) if e.gang.endswith(SHRINK) else 0
-        replicas = tuple(r + offset for r in e.replicas)
-        out.append(Eviction(name, replicas, len(replicas) == len(gang.replicas), e.gpus))
-    return tuple(out)
 
 
 def plan_capacity(
     snapshot: ClusterSnapshot, request: GangRequest, running: list[RunningGang], budget_gpus: int | None
 ) -> CapacityPlan:
-    """Room for up to `request.groups` replicas (one group each): free first, then training."""
+    """Room for up to `request.groups` replicas (one group each): free first, then training.
+
+    The most replicas any stage makes room for within the budget; among stages reaching that
+    many, the earliest (shrink before suspend, lower priority tiers first). All stages share one
+    EvictionSearch, so the per-node aggregation of the running gangs is done once.
+    """
     direct = plan_gang(snapshot, request)
     if isinstance(direct, PlacementPlan):
         return CapacityPlan(request.groups, direct, (), "free GPUs")
     fitting = min(direct.groups_fitting_now, request.groups)  # the engine counts what fits now
-    partial = plan_gang(snapshot, replace(request, groups=fitting, group_ids=None)) if fitting else None
+    partial = plan_gang(snapshot, sized(request, fitting)) if fitting else None
     if isinstance(partial, PlacementPlan):
         free_only = CapacityPlan(fitting, partial, (), "free GPUs")
     else:
         free_only = CapacityPlan(0, None, (), "no free room")
-    over_budget = False
-
-    def with_evictions(wanted: int) -> CapacityPlan | None:
-        nonlocal over_budget
-        sized = replace(request, groups=wanted, group_ids=None)
-        for why, gangs in _stages(running, request.priority):
-            if not gangs:
-                continue
-            result = plan_preemption(snapshot, sized, gangs)
-            if not isinstance(result, PreemptionPlan):
-                continue
-            evictions = _as_real(result.evictions, running)
-            if budget_gpus is not None and sum(e.gpus for e in evictions) > budget_gpus:
-                over_budget = True
-                continue
-            return CapacityPlan(wanted, result.placement, evictions, why)
-        return None
-
-    # The most replicas some stage makes room for: all of them usually; else a binary search,
-    # since making room for fewer replicas never needs more evictions.
-    best = with_evictions(request.groups)
-    if best is None:
-        low, high = free_only.replicas, request.groups - 1  # `low` replicas fit without evictions
-        while low < high:
-            mid = (low + high + 1) // 2
-            found = with_evictions(mid)
-            if found is None:
-                high = mid - 1
-            else:
-                best, low = found, mid
-    if best is not None and best.replicas > free_only.replicas:
-        return best
-    if over_budget:
+    eligible = eligible_gangs(running, request.priority)
+    if not eligible:
+        return free_only
+    search = EvictionSearch(snapshot, request, eligible, base_groups=direct.groups_fitting_now)
+    # No stage can pay for more groups than a lower bound on their GPUs allows: caps every search below.
+    affordable = request.groups if budget_gpus is None else search.affordable_groups(budget_gpus, request.groups)
+    stages = _stages(search)
+    best: tuple[int, str, Choice] | None = None
+    for why, limits in stages:
+        floor = best[0] if best is not None else free_only.replicas
+        if not any(limits) or affordable <= floor:
+            continue  # nothing to evict, or cannot beat an earlier stage (ties go to the earlier one)
+        if budget_gpus is None:
+            found = _most_groups(search, limits, request.groups, floor)
+        else:
+            found = _within_budget(search, limits, affordable, budget_gpus)
+        if found is not None and found[0] > floor:
+            best = (found[0], why, found[1])
+        if best is not None and best[0] == request.groups:
+            break
+    if best is not None:
+        wanted, why, choice = best
+        placement = search.place(choice.levels, sized(request, wanted))
+        if placement is not None:  # None only if the count and plan_gang disagree: then evict nobody
+            return CapacityPlan(wanted, placement, search.evictions(choice.levels), why)
+    # Blame the budget only when evictions could have made room without it (the last stage may take most).
+    if budget_gpus is not None and search.max_groups(stages[-1][1]) > free_only.replicas:
         return replace(free_only, reason=f"{free_only.reason}; the disruption budget allows no more evictions")
     return free_only
+
+
+def _most_groups(search: EvictionSearch, limits: list[int], wanted: int, floor: int) -> tuple[int, Choice] | None:
+    """All `wanted` groups if the stage makes room for them, else the most it makes room for."""
+    choice = search.solve(wanted, limits)
+    if choice is not None:
+        return wanted, choice
+    reach = search.max_groups(limits)
+    if reach <= floor:
+        return None
+    choice = search.solve(reach, limits)
+    return (reach, choice) if choice is not None else None
+
+
+def _within_budget(search: EvictionSearch, limits: list[int], cap: int, budget: int) -> tuple[int, Choice] | None:
+    """The most groups (at most `cap`) this stage makes room for within `budget` GPUs, and how.
+
+    The budgeted greedy gives a count it can afford; a binary search above it, using the exact /
+    heuristic minimum for each count, looks for more (fewer groups never need more GPUs).
+    """
+    greedy = search.most_within(cap, limits, budget)
+    low = min(greedy.groups, cap)
+    if low <= search.base_groups:
+        best = None
+    else:
+        best = greedy
+        tidy = search.solve(low, limits)  # the cheapest way to that many may be cheaper than the greedy's
+        if tidy is not None and tidy.gpus <= greedy.gpus:
+            best = tidy
+    high = cap
+    while low < high:
+        mid = (low + high + 1) // 2
+        found = search.solve(mid, limits)
+        if found is not None and found.gpus <= budget:
+            best, low = found, mid
+        else:
+            high = mid - 1
+    return (low, best) if best is not None else None
