@@ -13,8 +13,10 @@ from tidal.placement import (
     plan_gang,
     plan_preemption,
 )
+from tidal.placement.preemption import ReleasedView, with_released
 from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
 
+from .strategies import requests, snapshots
 from .test_placement_properties import check_plan
 
 
@@ -145,7 +147,9 @@ def test_preemption_invariants(data):
         gpp,
         priority=data.draw(st.integers(0, 6)),
     )
+    before = {n: (v.allocated, v.free) for n, v in snap.nodes.items()}
     result = plan_preemption(snap, req, running)
+    assert {n: (v.allocated, v.free) for n, v in snap.nodes.items()} == before, "planning must not mutate"
     by_name = {g.name: g for g in running}
     if isinstance(result, Unplaceable):
         # Then even evicting every eligible gang entirely must not make room.
@@ -177,3 +181,101 @@ def test_preemption_invariants(data):
         trial = snap.copy()
         evict(trial, running, PreemptionPlan(tuple(x for x in result.evictions if x is not e), result.placement))
         assert isinstance(plan_gang(trial, req), Unplaceable), f"evicted {e.gang} needlessly"
+
+
+# -- the quality rules, each pinned on a case that breaks without it ----------------------------------
+
+
+def servers(n: int) -> ClusterSnapshot:
+    """n HGX servers of 8 GPUs, each its own NVLink domain."""
+    return snapshot_from_fleet(build_fleet("hgx8", n))
+
+
+def holding(snap: ClusterSnapshot, name: str, *replicas: list[tuple[int, int]], priority: int = 1) -> RunningGang:
+    """A gang holding, per replica, (server index, GPUs) pod entries (several may name one server); booked."""
+    nodes = list(snap.nodes)
+    allocations = []
+    for replica in replicas:
+        for server, gpus in replica:
+            snap.allocate(nodes[server], gpus)
+        allocations.append(tuple((nodes[server], gpus) for server, gpus in replica))
+    return RunningGang(name, priority, True, tuple(allocations))
+
+
+def test_a_victims_pods_on_one_node_count_together():
+    # "pair" runs two 4-GPU pods on server 0: evicting it frees the whole 8-GPU server.
+    snap = servers(3)
+    pair = holding(snap, "pair", [(0, 4), (0, 4)])
+    wide = holding(snap, "wide", [(1, 8), (2, 8)])
+    plan = plan_preemption(snap, GangRequest("new", 1, 8, 8, priority=5), [pair, wide])
+    assert isinstance(plan, PreemptionPlan)
+    assert [(e.gang, e.gpus) for e in plan.evictions] == [("pair", 8)]
+
+
+def test_room_beyond_the_shortfall_is_worth_nothing():
+    # One server is missing. "wide" holds half of each of 8 servers (the other halves are free):
+    # evicting it frees 8 servers for 32 GPUs, the best room per GPU if room beyond the one
+    # server needed counted; any single 8-GPU job frees the one server for 8. Enough gangs that
+    # the exact search and the global improvement are off, as on any large cluster.
+    snap = servers(130)
+    wide = holding(snap, "wide", [(i, 4) for i in range(8)])
+    singles = [holding(snap, f"s{i:03d}", [(i, 8)]) for i in range(8, 130)]
+    plan = plan_preemption(snap, GangRequest("new", 1, 8, 8, priority=5), [wide, *singles])
+    assert isinstance(plan, PreemptionPlan)
+    assert plan.evicted_gpus == 8 and len(plan.evictions) == 1, plan.evictions
+
+
+def test_ties_go_to_fewer_victims():
+    # Two servers are missing: one 16-GPU job frees both, as do two 8-GPU jobs, at the same room
+    # per GPU. The planner takes the one job (large cluster: the heuristic decides alone).
+    snap = servers(130)
+    pair = holding(snap, "pair", [(0, 8), (1, 8)])
+    singles = [holding(snap, f"s{i:03d}", [(i, 8)]) for i in range(2, 130)]
+    plan = plan_preemption(snap, GangRequest("new", 2, 8, 8, priority=5), [*singles, pair])
+    assert isinstance(plan, PreemptionPlan)
+    assert [e.gang for e in plan.evictions] == ["pair"]
+
+
+def test_gives_back_what_the_plan_can_do_without():
+    # 18 servers are missing. "half" frees one for 4 GPUs (the best deal, taken first); then nine
+    # 2-server jobs are needed anyway, and they alone make 18: "half" goes back. 110 gangs that
+    # free nothing useful make the cluster large (heuristic only, improvement from neighbours).
+    snap = servers(135)
+    half = holding(snap, "half", [(0, 4)])  # the other 4 GPUs of its server are free
+    doubles = [holding(snap, f"d{i:02d}", [(1 + 2 * i, 8), (2 + 2 * i, 8)]) for i in range(12)]
+    useless = []
+    for i in range(25, 135):
+        snap.allocate(list(snap.nodes)[i], 4)  # pinned
+        useless.append(holding(snap, f"u{i:03d}", [(i, 4)]))
+    plan = plan_preemption(snap, GangRequest("new", 18, 8, 8, priority=5), [half, *doubles, *useless])
+    assert isinstance(plan, PreemptionPlan)
+    assert plan.evicted_gpus == 144 and all(e.gang.startswith("d") for e in plan.evictions), plan.evictions
+
+
+def test_frees_whole_domains_at_scale():
+    # 64 racks of 4 nodes (16 GPUs); a 16-GPU group needs a whole rack. Rack 0 holds one 16-GPU
+    # job; racks 1..63 hold four 4-GPU jobs each. One eviction frees rack 0; elsewhere four would.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 64, nodes_per_supernode=4))
+    big = run(snap, "big", 1, 16)
+    smalls = [run(snap, f"s{i:03d}", 1, 4) for i in range(4 * 63)]
+    plan = plan_preemption(snap, GangRequest("new", 1, 16, 4, priority=5), [*smalls, big])
+    assert isinstance(plan, PreemptionPlan)
+    assert [e.gang for e in plan.evictions] == ["big"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_released_view_plans_like_the_released_snapshot(data):
+    # plan_preemption places on a view of the snapshot with the victims' GPUs released instead of
+    # copying it; the plan must be plan_gang's on the snapshot with those GPUs released.
+    snap = data.draw(snapshots())
+    req = data.draw(requests(snap))
+    names = sorted(snap.nodes)
+    released = {
+        name: data.draw(st.integers(1, snap.nodes[name].gpus))
+        for name in data.draw(st.lists(st.sampled_from(names), max_size=len(names), unique=True))
+    }
+    before = {n: (v.allocated, v.free) for n, v in snap.nodes.items()}
+    expected = with_released(snap, released, lambda: plan_gang(snap, req))
+    assert {n: (v.allocated, v.free) for n, v in snap.nodes.items()} == before, "with_released restores"
+    assert plan_gang(ReleasedView(snap, released), req) == expected
