@@ -18,19 +18,22 @@ Search.
    beat evictions scattered over many), all capped at what is still missing: a move is worth
    only the room the request still lacks. Ties go to moves that finish more groups, then to
    bigger moves (fewer victims), then to lower priority. A lazy heap keeps it fast; after a pick
-   only the moves on the supernodes (and shared nodes) it touched are re-scored.
+   only the moves on the supernodes (and shared nodes) it touched are re-scored. When a group is
+   one pod, where a slot is does not matter and all supernodes count as one.
 2. Prune: give back, most GPUs first, every option (or top part of a shrink) the plan can do without.
-3. Improve: for each victim, most GPUs first, drop it and re-cover the gap greedily from its
-   neighbours (gangs on the same supernodes) with at most as many GPUs, prune, and keep the
-   result if the objective improved.
-4. Exact: when few gangs can matter, a depth-first branch and bound over every gang's ladder,
-   seeded with the heuristic's plan, pruned on cost and on "not even everything left would make
-   room", capped in nodes explored (the best plan found so far is kept when the cap is hit).
+3. Improve: for each victim, most GPUs first, lower it (to nothing or a smaller shrink) and
+   re-cover the gap greedily with at most its GPUs, from every candidate on small instances and
+   from its neighbours (gangs on the same supernodes) on large ones; when the greedy stalls on
+   releases that only free a slot together, take all those candidates and let pruning decide.
+   Keep the result if the objective improved.
+4. Exact: when at most 40 gangs can matter, a depth-first branch and bound over every gang's
+   ladder, seeded with the heuristic's plan, pruned on cost and on "not even everything left
+   would make room", capped in nodes and node updates (the best plan so far is kept at the cap).
 
 Safety: never touches a non-preemptible gang or one of equal or higher priority; evicts nothing
 when even evicting every candidate would not make room; the placement returned is plan_gang's
-on the snapshot with the victims' GPUs released. The caller's snapshot is left as it was (the
-victims' GPUs are released on it only while plan_gang runs, then restored exactly).
+on the snapshot with the victims' GPUs released, computed on a read-only ReleasedView (falling
+back to releasing on the snapshot and restoring it exactly). The caller's snapshot is not changed.
 """
 
 from __future__ import annotations
