@@ -109,6 +109,21 @@ def test_disruption_budget_limits_what_is_taken():
     assert none.replicas == 0 and none.evictions == () and "disruption budget" in none.reason
 
 
+def test_most_replicas_within_the_budget_from_the_earliest_stage_that_reaches_them():
+    snap = racks(6)
+    elastic = place(snap, "elastic", 2, priority=5, min_replicas=1)
+    rigid = [place(snap, f"rigid{i}", 1, priority=i) for i in range(3)]
+    big = place(snap, "big", 1, priority=0)
+    # Shrinking "elastic" gives one rack; the budget (3 racks) allows two suspensions more, and
+    # the two priority-0 gangs are enough: of five replicas asked, three, from the tier <= 0 stage.
+    plan = plan_capacity(snap, GangRequest("pool", 5, 16, 4, priority=1000), [elastic, *rigid, big], budget_gpus=48)
+    assert plan.replicas == 3 and plan.evicted_gpus == 48
+    assert plan.reason == "suspend training of priority <= 0"
+    evicted = {e.gang: e for e in plan.evictions}
+    assert not evicted["elastic"].whole and evicted["elastic"].replicas == (1,)
+    assert set(evicted) == {"elastic", "rigid0", "big"}
+
+
 # -- the operator's decisions over a compressed day, on an in-memory cluster ---------------------
 
 TEMPLATE = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
