@@ -13,7 +13,8 @@ Baseline: the greedy planner this module replaced (a copy is kept here), on the 
 Speed: 100,000-GPU NVL72, CM384-like and HGX-8 fleets ~99% allocated by gangs of the calibrated
 mix (tidal.placement.workload_mix), mixed priorities, most preemptible, some elastic; a
 16,384-GPU gang and a 1,024-replica pool request through plan_preemption, and the pool request
-through plan_capacity with a disruption budget small enough to bind. The old planner is timed
+through plan_capacity with a disruption budget small enough to bind (also with every gang made
+rigid, so that the suspension tiers decide rather than the shrink stage). The old planner is timed
 once on the same snapshots (`--no-baseline` skips it: it takes seconds to minutes per call).
 """
 
@@ -27,7 +28,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tidal.placement import (
     Eviction,
@@ -403,6 +404,17 @@ def timings_100k(
         out[f"{shape}_capacity_reason"] = result.reason
         worst["capacity"] = max(worst["capacity"], statistics.median(wall))
         worst["capacity_cpu"] = max(worst["capacity_cpu"], statistics.median(cpu))
+        # The same with no elastic training: no shrink stage helps, the suspension tiers decide.
+        rigid = [replace(g, min_replicas=None) for g in running]
+        wall, cpu, result = _timed(lambda s=snapshot, r=pool, g=rigid, b=budget: plan_capacity(s, r, g, b), repeats)
+        assert isinstance(result, CapacityPlan)
+        out[f"{shape}_capacity_rigid_p50_ms"] = round(statistics.median(wall), 1)
+        out[f"{shape}_capacity_rigid_cpu_p50_ms"] = round(statistics.median(cpu), 1)
+        out[f"{shape}_capacity_rigid_replicas"] = result.replicas
+        out[f"{shape}_capacity_rigid_evicted_gpus"] = result.evicted_gpus
+        out[f"{shape}_capacity_rigid_reason"] = result.reason
+        worst["capacity"] = max(worst["capacity"], statistics.median(wall))
+        worst["capacity_cpu"] = max(worst["capacity_cpu"], statistics.median(cpu))
         assert before == {n: v.allocated for n, v in snapshot.nodes.items()}, "a planner mutated the snapshot"
     out["plan_preemption_p50_ms_100k"] = round(worst["preempt"], 1)
     out["plan_preemption_cpu_p50_ms_100k"] = round(worst["preempt_cpu"], 1)
@@ -605,6 +617,11 @@ def _print_tables(result: dict) -> None:
             f"  {shape:<7}{'capacity':<9}{result[f'{shape}_capacity_p50_ms']:>9}"
             f"{result[f'{shape}_capacity_cpu_p50_ms']:>8}  budget {result[f'{shape}_capacity_budget_gpus']} GPUs: "
             f"{result[f'{shape}_capacity_replicas']} replicas, {result[f'{shape}_capacity_evicted_gpus']} GPUs evicted"
+        )
+        print(
+            f"  {shape:<7}{'rigid':<9}{result[f'{shape}_capacity_rigid_p50_ms']:>9}"
+            f"{result[f'{shape}_capacity_rigid_cpu_p50_ms']:>8}  the same with no elastic training: "
+            f"{result[f'{shape}_capacity_rigid_replicas']} replicas ({result[f'{shape}_capacity_rigid_reason']})"
         )
     print(
         f"\nslowest shape, p50 wall (cpu): plan_preemption {result['plan_preemption_p50_ms_100k']} ms "
