@@ -1,6 +1,15 @@
-"""Placement benchmark: a 16,384-GPU gang on a 100,000-GPU NVL72 snapshot, and a fill run.
+"""Placement benchmark: quality under churn, preemption optimality, and speed at 100,000 GPUs.
 
-    python -m bench.placement [--json] [--repeats N] [--seed S]
+    python -m bench.placement [--json] [--repeats N] [--seed S] [--quick]
+
+Sections (each also runnable alone):
+- churn (`bench.churn`): arrivals and departures near full, several seeds, tidal against
+  constrained first-fit (groups inside one supernode, supernodes in name order: Kueue TAS
+  required slices, Slurm's block plugin) and topology-unaware first-fit;
+- preemption optimality against brute force on small random instances (`bench.preemption`);
+- planner timings at 100,000 GPUs ~99% allocated by churn (`bench.loaded`) on NVL72,
+  CloudMatrix384-like and HGX-8 fleets; the slowest shape's p50 is reported;
+- the original 16,384-GPU gang on a 50%-loaded NVL72 snapshot and the FIFO fill run.
 
 Baseline: gang-aware, topology-unaware first-fit (plan_first_fit), measured in the same run on
 the same snapshots. The fill run places jobs of the calibrated mix in arrival order until the
@@ -122,13 +131,67 @@ def run(repeats: int, seed: int, cluster_gpus: int = 100_000, load: float = 0.5)
     }
 
 
+def timings_100k(seed: int, gpus: int = 100_000, samples: int = 200) -> dict[str, object]:
+    """plan_gang p50 per fleet shape on a churned ~99% allocated cluster, with constrained first-fit's."""
+    from bench.loaded import churned_cluster
+    from tidal.placement import plan_constrained_first_fit
+
+    out: dict[str, object] = {}
+    slowest = 0.0
+    for shape in ("nvl72", "cm384", "hgx8"):
+        loaded = churned_cluster(shape, gpus, seed)
+        rng = random.Random(seed)
+        requests = [loaded.request(f"probe-{i}", s) for i, s in enumerate(sample_shapes(rng, samples, loaded.mix))]
+        tidal_ms, baseline_ms = [], []
+        for request in requests:
+            start = time.perf_counter()
+            plan_gang(loaded.snapshot, request, loaded.demand)
+            tidal_ms.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            plan_constrained_first_fit(loaded.snapshot, request)
+            baseline_ms.append((time.perf_counter() - start) * 1000)
+        p50 = statistics.median(tidal_ms)
+        slowest = max(slowest, p50)
+        snap = loaded.snapshot
+        out[f"plan_gang_{shape}"] = {
+            "gpus": snap.total_gpus(),
+            "nodes": len(snap.nodes),
+            "allocated": round(snap.allocated_gpus() / snap.total_gpus(), 4),
+            "p50_ms": round(p50, 3),
+            "p99_ms": round(percentile(tidal_ms, 0.99), 3),
+            "constrained_first_fit_p50_ms": round(statistics.median(baseline_ms), 3),
+        }
+    out["plan_gang_p50_ms_100k"] = round(slowest, 3)
+    return out
+
+
+def run_all(repeats: int, seed: int, quick: bool) -> dict[str, object]:
+    from bench import churn, preemption
+
+    result: dict[str, object] = {}
+    if quick:
+        result.update(churn.run([1], 2_592, 600, 1.2))
+        result.update(preemption.optimality(instances=40, seed=seed))
+        result.update(timings_100k(seed, gpus=10_000, samples=20))
+        result.update(run(max(repeats // 10, 2), seed, cluster_gpus=40_000))
+        return result
+    result.update(churn.run([1, 2, 3, 4, 5], 10_368, 4000, 1.2))
+    result.update(preemption.optimality(instances=500, seed=seed))
+    result.update(timings_100k(seed))
+    preempt = preemption.timings_100k(seed)
+    result.update(preempt)
+    result.update(run(repeats, seed))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a CI-sized smoke of every section")
     args = parser.parse_args()
-    result = run(args.repeats, args.seed)
+    result = run_all(args.repeats, args.seed, args.quick)
     if args.json:
         print(json.dumps(result))
         return

@@ -1,0 +1,30 @@
+"""CI smoke of `python -m bench.placement --quick`: every section runs and its safety figures hold.
+
+Figures (times, refusals) are for the README, not asserted here; what is asserted cannot depend
+on the machine: no split group for planners that keep groups whole, preemption never above the
+brute-force minimum on the quick instances.
+"""
+
+import pytest
+from bench.placement import run_all
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_placement_bench_quick_prints_every_field():
+    result = run_all(repeats=20, seed=7, quick=True)
+    for field in (
+        "churn_refused_jobs",
+        "churn_refused_jobs_constrained_first_fit",
+        "churn_stranded_gpus",
+        "churn_stranded_gpus_constrained_first_fit",
+        "preemption_instances",
+        "preemption_at_minimum_share",
+        "preemption_worst_excess_ratio",
+        "plan_gang_p50_ms_100k",
+    ):
+        assert field in result, field
+    assert result["churn_split_groups"] == [0]
+    assert result["churn_split_groups_constrained_first_fit"] == [0]
+    assert result["preemption_worst_excess_ratio"] == 1.0
+    assert result["hbd_split_groups"] == 0
