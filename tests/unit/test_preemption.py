@@ -108,6 +108,16 @@ def test_prefers_lowest_priority_victim():
     assert [e.gang for e in plan.evictions] == ["batch"]
 
 
+def test_equal_cost_goes_to_the_lower_priority_whatever_the_names():
+    for scale in (2, 130):  # the exact search, and the heuristic alone on a large cluster
+        snap = servers(scale)
+        running = [holding(snap, "a-important", [(0, 8)], priority=4), holding(snap, "z-batch", [(1, 8)], priority=1)]
+        running += [holding(snap, f"busy{i:03d}", [(i, 8)], priority=4) for i in range(2, scale)]
+        plan = plan_preemption(snap, GangRequest("new", 1, 8, 8, priority=9), running)
+        assert isinstance(plan, PreemptionPlan)
+        assert [e.gang for e in plan.evictions] == ["z-batch"], scale
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_preemption_invariants(data):
@@ -250,6 +260,26 @@ def test_gives_back_what_the_plan_can_do_without():
     plan = plan_preemption(snap, GangRequest("new", 18, 8, 8, priority=5), [half, *doubles, *useless])
     assert isinstance(plan, PreemptionPlan)
     assert plan.evicted_gpus == 144 and all(e.gang.startswith("d") for e in plan.evictions), plan.evictions
+
+
+def test_partial_progress_concentrates_evictions_on_one_domain():
+    # Racks of 4 nodes x 4 GPUs; the request is one whole rack. No gang frees a rack alone. Rack 0
+    # has a free node, "a1" (2 nodes) and "a2" (1 node): 12 GPUs. Rack 1 has "b1" and "b2" (2
+    # nodes each): 16 GPUs. Credit for a rack brought closer to a group leads to a1 then a2;
+    # without it nothing scores and evicting everything then pruning keeps rack 1's pair. 101
+    # racks with a pinned job beside a single evictable node make the cluster large.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 103, nodes_per_supernode=4))
+    a1 = holding(snap, "a1", [(1, 4), (2, 4)])
+    a2 = holding(snap, "a2", [(3, 4)])
+    b1 = holding(snap, "b1", [(4, 4), (5, 4)])
+    b2 = holding(snap, "b2", [(6, 4), (7, 4)])
+    fillers = []
+    for rack in range(2, 103):
+        fillers.append(holding(snap, f"f{rack:03d}", [(4 * rack, 4)]))
+        holding(snap, "pinned", [(4 * rack + i, 4) for i in (1, 2, 3)])  # not a candidate
+    plan = plan_preemption(snap, GangRequest("new", 1, 16, 4, priority=5), [a1, a2, b1, b2, *fillers])
+    assert isinstance(plan, PreemptionPlan)
+    assert [e.gang for e in plan.evictions] == ["a1", "a2"]
 
 
 def test_frees_whole_domains_at_scale():
