@@ -573,9 +573,9 @@ class EvictionSearch:
             for hi in sorted({lo + 1, lim}):
                 if lo < hi <= lim:
                     delta = self._delta(v, lo, hi)
-                    if not delta:
-                        continue
                     victim = self.victims[v]
+                    if not delta or victim.cost[hi] <= victim.cost[lo]:
+                        continue  # frees nothing here (or GPUs listed as 0): never worth a victim
                     if pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
                         gain = {}
                         for replica_gain in victim.replica_gain[victim.first(hi) : victim.first(lo)]:
