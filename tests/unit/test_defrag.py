@@ -1,0 +1,301 @@
+"""Defragmentation planner: fewest verified moves, only of preemptible work of priority <= the request's."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidal.placement import GangRequest, PlacementPlan, RunningGang, apply_plan, plan_gang
+from tidal.placement import defrag as defrag_module
+from tidal.placement.defrag import DefragPlan, MovableGang, plan_defrag, stranded_free_gpus
+from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
+
+from .strategies import snapshots
+
+
+def put(
+    snap: ClusterSnapshot,
+    name: str,
+    groups: int,
+    group_gpus: int,
+    *,
+    on: str | None = None,
+    gpp: int = 4,
+    priority: int = 0,
+    preemptible: bool = True,
+    replicas: int = 1,
+    min_replicas: int | None = None,
+) -> MovableGang:
+    """Place a gang (on supernode `on` if given) and describe it as the planner sees it."""
+    request = GangRequest(name, groups=groups, group_gpus=group_gpus, gpus_per_pod=gpp, priority=priority)
+    placing = GangRequest(name, groups, group_gpus, gpp, priority=priority, prefer_supernodes=(on,) if on else ())
+    plan = plan_gang(snap, placing)
+    assert isinstance(plan, PlacementPlan)
+    if on is not None:
+        assert plan.supernodes == {on}, plan.supernodes
+    apply_plan(snap, plan)
+    per_replica = groups // replicas
+    allocations = []
+    for r in range(replicas):
+        per_node: Counter[str] = Counter()
+        for g in plan.groups[r * per_replica : (r + 1) * per_replica]:
+            for node in g.nodes:
+                per_node[node] += gpp
+        allocations.append(tuple(sorted(per_node.items())))
+    return MovableGang(RunningGang(name, priority, preemptible, tuple(allocations), min_replicas), request)
+
+
+def racks(n: int) -> ClusterSnapshot:
+    return snapshot_from_fleet(build_fleet("nvl72", n))
+
+
+def rack(i: int) -> str:
+    return f"nvl72-{i:04d}"
+
+
+def check(snap: ClusterSnapshot, request: GangRequest, running: list[MovableGang], plan: DefragPlan) -> None:
+    """Replaying the plan on a copy: evictions release, the request fits where planned, then every
+    moved gang fits where planned; nothing over-booked; every group inside one supernode."""
+    scratch = snap.copy()
+    by_name = {m.gang.name: m for m in running}
+    for move in plan.moves:
+        m = by_name[move.eviction.gang]
+        assert m.gang.preemptible and m.gang.priority <= request.priority
+        for r in move.eviction.replicas:
+            for node, gpus in m.gang.replicas[r]:
+                scratch.release(node, gpus)
+    apply_plan(scratch, plan.placement)
+    for move in plan.moves:
+        apply_plan(scratch, move.replacement)
+    for p in (plan.placement, *(m.replacement for m in plan.moves)):
+        for g in p.groups:
+            assert {scratch.nodes[n].supernode for n in g.nodes} == {g.supernode}
+    assert all(n.allocated <= n.gpus for n in scratch.nodes.values())
+
+
+def test_scattered_small_work_one_move_frees_a_rack():
+    snap = racks(4)
+    running = [put(snap, f"s{i}", 1, 16, on=rack(i), priority=1) for i in range(4)]  # 56 free per rack
+    request = GangRequest("big", 1, 72, 4, priority=1)  # equal priority: a move, not a preemption
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and len(plan.moves) == 1 and plan.moved_gpus == 16
+    moved = plan.moves[0]
+    assert moved.eviction.whole
+    assert plan.placement.supernodes == {rack(int(moved.eviction.gang[1:]))}
+    assert moved.replacement.supernodes.isdisjoint(plan.placement.supernodes)
+    check(snap, request, running, plan)
+
+
+def test_snapshot_is_left_exactly_as_it_was():
+    snap = racks(3)
+    running = [put(snap, f"s{i}", 1, 16, on=rack(i)) for i in range(3)]
+    before = {n: (s.allocated, s.free) for n, s in snap.nodes.items()}
+    buckets = sorted(snap.supernodes_with_free("nvidia.com/gpu", 1))
+    assert plan_defrag(snap, GangRequest("big", 1, 72, 4), running, None) is not None
+    assert {n: (s.allocated, s.free) for n, s in snap.nodes.items()} == before
+    assert sorted(snap.supernodes_with_free("nvidia.com/gpu", 1)) == buckets
+    assert all(snap.largest_free_slice(rack(i)) == 56 for i in range(3))
+
+
+def test_only_when_blocked_by_fragmentation():
+    snap = racks(2)
+    running = [put(snap, "a", 1, 16, on=rack(0)), put(snap, "b", 1, 16, on=rack(1))]
+    assert plan_defrag(snap, GangRequest("fits", 1, 56, 4), running, None) is None, "fits as is"
+    assert plan_defrag(snap, GangRequest("too-many", 2, 72, 4), running, None) is None, "112 free < 144"
+    assert plan_defrag(snap, GangRequest("never", 1, 76, 4), running, None) is None, "larger than a rack"
+
+
+def test_never_moves_non_preemptible_or_higher_priority():
+    snap = racks(3)
+    running = [
+        put(snap, "pinned", 1, 16, on=rack(0), preemptible=False),
+        put(snap, "higher", 1, 16, on=rack(1), priority=5),
+        put(snap, "movable", 1, 16, on=rack(2), priority=3),
+    ]
+    plan = plan_defrag(snap, GangRequest("big", 1, 72, 4, priority=3), running, None)
+    assert plan is not None and [m.eviction.gang for m in plan.moves] == ["movable"]
+    assert plan_defrag(snap, GangRequest("big", 1, 72, 4, priority=2), running, None) is None
+
+
+def test_moved_work_must_fit_again():
+    """Moving x (36 GPUs in one group) would be cheapest, but no rack has 36 free afterwards; y
+    (5 groups of 8) fits again. Without the re-placement check the planner picks x."""
+    snap = racks(3)
+    x = put(snap, "x", 1, 36, on=rack(0))  # rack 0: 36 free
+    y = put(snap, "y", 5, 8, on=rack(1))  # rack 1: 32 free
+    z = put(snap, "z", 1, 40, on=rack(2), preemptible=False)  # rack 2: 32 free
+    request = GangRequest("big", 1, 72, 4)
+    plan = plan_defrag(snap, request, [x, y, z], None)
+    assert plan is not None and [m.eviction.gang for m in plan.moves] == ["y"]
+    assert plan.placement.supernodes == {rack(1)}
+    check(snap, request, [x, y, z], plan)
+
+
+def test_nothing_when_moved_work_cannot_fit_again():
+    snap = racks(3)
+    a = put(snap, "a", 1, 40, on=rack(0))
+    b = put(snap, "b", 1, 40, on=rack(1))
+    c = put(snap, "c", 1, 40, on=rack(2), preemptible=False)
+    # 96 free; moving a or b frees a rack, but the mover (40 in one group) fits nowhere afterwards.
+    assert plan_defrag(snap, GangRequest("big", 1, 72, 4), [a, b, c], None) is None
+
+
+def test_fewest_moves_before_fewest_gpus():
+    """Rack 0: one 24-GPU gang; rack 1: two 4-GPU gangs. One move of 24 beats two of 4 each."""
+    snap = racks(3)
+    one = put(snap, "one", 1, 24, on=rack(0))
+    t1 = put(snap, "t1", 1, 4, on=rack(1))
+    t2 = put(snap, "t2", 1, 4, on=rack(1))
+    pinned = put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)
+    request = GangRequest("big", 1, 72, 4)
+    running = [one, t1, t2, pinned]
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and [m.eviction.gang for m in plan.moves] == ["one"]
+    assert plan.placement.supernodes == {rack(0)}
+    check(snap, request, running, plan)
+
+
+def test_fewest_gpus_among_equally_few_moves():
+    snap = racks(3)
+    running = [put(snap, "big16", 1, 16, on=rack(0)), put(snap, "small8", 1, 8, on=rack(1))]
+    running.append(put(snap, "pinned", 1, 8, on=rack(2), preemptible=False))
+    plan = plan_defrag(snap, GangRequest("big", 1, 72, 4), running, None)
+    assert plan is not None and [m.eviction.gang for m in plan.moves] == ["small8"]
+
+
+def test_budget_limits_the_gpus_moved():
+    snap = racks(3)
+    running = [put(snap, "a", 1, 16, on=rack(0)), put(snap, "b", 1, 24, on=rack(1))]
+    running.append(put(snap, "pinned", 1, 8, on=rack(2), preemptible=False))
+    request = GangRequest("big", 1, 72, 4)
+    assert [m.eviction.gang for m in plan_defrag(snap, request, running, 16).moves] == ["a"]
+    assert plan_defrag(snap, request, running, 15) is None
+
+
+def test_two_groups_need_two_racks_freed():
+    snap = racks(5)
+    running = [put(snap, f"s{i}", 1, 12, on=rack(i)) for i in range(5)]
+    request = GangRequest("big", 2, 72, 4)
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and len(plan.moves) == 2
+    assert len(plan.placement.supernodes) == 2
+    check(snap, request, running, plan)
+
+
+def test_elastic_gang_gives_back_only_the_replicas_in_the_way():
+    snap = racks(3)
+    # 4 replicas of one 8-GPU group: the top two on rack 0, the bottom two on rack 1.
+    low = put(snap, "low", 2, 8, on=rack(1))
+    top = put(snap, "top", 2, 8, on=rack(0))
+    # One elastic gang "el" of 4 replicas (one group each): replicas 0-1 on rack 1, 2-3 on rack 0.
+    replicas = tuple(
+        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
+        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
+    )
+    elastic = MovableGang(RunningGang("el", 0, True, replicas, min_replicas=2), GangRequest("el", 4, 8, 4))
+    pinned = put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)
+    request = GangRequest("big", 1, 72, 4)
+    plan = plan_defrag(snap, request, [elastic, pinned], None)
+    assert plan is not None and len(plan.moves) == 1
+    move = plan.moves[0]
+    assert not move.eviction.whole and move.eviction.replicas == (2, 3) and move.eviction.gpus == 16
+    assert move.replacement.request.group_ids == (2, 3)
+    assert plan.placement.supernodes == {rack(0)}
+
+
+def _groups_nodes(snap: ClusterSnapshot, m: MovableGang) -> list[tuple[str, ...]]:
+    """The nodes of each group of a gang placed by `put` with one replica (pods of 4 GPUs)."""
+    nodes = [n for n, g in m.gang.replicas[0] for _ in range(g // 4)]
+    per = m.request.pods_per_group
+    return [tuple(nodes[i : i + per]) for i in range(0, len(nodes), per)]
+
+
+def test_greedy_alone_finds_a_plan_and_prunes(monkeypatch):
+    monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
+    snap = racks(4)
+    running = [put(snap, f"s{i}", 1, 16, on=rack(i)) for i in range(4)]
+    request = GangRequest("big", 1, 72, 4)
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and len(plan.moves) == 1
+    check(snap, request, running, plan)
+
+
+def test_stranded_gpus_count_what_no_pending_size_can_use():
+    snap = racks(3)
+    put(snap, "a", 1, 40, on=rack(0))  # 32 free
+    put(snap, "b", 1, 52, on=rack(1))  # 20 free
+    # rack 2: 72 free
+    assert stranded_free_gpus(snap, {}) == 0, "nothing pending: nothing stranded"
+    assert stranded_free_gpus(snap, {"nvidia.com/gpu": {72}}) == 32 + 20
+    assert stranded_free_gpus(snap, {"nvidia.com/gpu": {16}}) == 0 + 4 + 8
+    assert stranded_free_gpus(snap, {"nvidia.com/gpu": {16, 20}}) == 0 + 0 + 0
+    assert stranded_free_gpus(snap, {"other": {16}}) == 0
+
+
+@st.composite
+def loaded(draw):
+    snap = draw(snapshots())
+    running = []
+    accelerators = sorted({s.accelerator for s in snap.supernodes.values()})
+    for i in range(draw(st.integers(0, 12))):
+        acc = draw(st.sampled_from(accelerators))
+        gpp = draw(st.sampled_from([1, 2, 4]))
+        ppg = draw(st.sampled_from([1, 2, 4]))
+        groups = draw(st.integers(1, 3))
+        req = GangRequest(f"g{i}", groups, gpp * ppg, gpp, accelerator=acc)
+        plan = plan_gang(snap, req)
+        if not isinstance(plan, PlacementPlan):
+            continue
+        apply_plan(snap, plan)
+        per_node: Counter[str] = Counter()
+        replicas = []
+        for g in plan.groups:
+            per_node = Counter()
+            for node in g.nodes:
+                per_node[node] += gpp
+            replicas.append(tuple(sorted(per_node.items())))
+        elastic = draw(st.booleans())
+        gang = RunningGang(
+            f"g{i}",
+            draw(st.integers(0, 6)),
+            draw(st.booleans()),
+            tuple(replicas),
+            min_replicas=1 if elastic else None,
+        )
+        running.append(MovableGang(gang, req))
+    acc = draw(st.sampled_from(accelerators))
+    gpp = draw(st.sampled_from([1, 2, 4, 8]))
+    request = GangRequest(
+        "req",
+        draw(st.integers(1, 4)),
+        gpp * draw(st.sampled_from([1, 2, 4, 8, 18])),
+        gpp,
+        accelerator=acc,
+        priority=draw(st.integers(0, 6)),
+    )
+    budget = draw(st.one_of(st.none(), st.integers(0, 200)))
+    return snap, running, request, budget
+
+
+@settings(max_examples=150, deadline=None)
+@given(loaded())
+def test_defrag_invariants(case):
+    snap, running, request, budget = case
+    before = {n: s.allocated for n, s in snap.nodes.items()}
+    plan = plan_defrag(snap, request, running, budget)
+    assert {n: s.allocated for n, s in snap.nodes.items()} == before, "the snapshot is untouched"
+    if plan is None:
+        return
+    assert not isinstance(plan_gang(snap, request), PlacementPlan), "only when it does not fit as is"
+    assert plan.moves, "a plan always moves something (otherwise the request fitted)"
+    by_name = {m.gang.name: m.gang for m in running}
+    for move in plan.moves:
+        gang = by_name[move.eviction.gang]
+        assert gang.preemptible, "never a non-preemptible gang"
+        assert gang.priority <= request.priority, "never a higher-priority gang"
+    assert len({m.eviction.gang for m in plan.moves}) == len(plan.moves)
+    if budget is not None:
+        assert plan.moved_gpus <= budget
+    check(snap, request, running, plan)
