@@ -20,8 +20,11 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tidal.clock import parse_time
+from tidal.k8s.admission import is_queued
+from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.training import allocations
+from tidal.placement.defrag import stranded_free_gpus
 
 if TYPE_CHECKING:
     from tidal.k8s.controller import Controller, CycleReport
@@ -36,6 +39,7 @@ MOVES = (
 PENDING_REASONS = (
     "InsufficientFreeCapacity",
     "WaitingForPreemption",
+    "WaitingForDefragmentation",
     "LargerThanCluster",
     "GroupLargerThanSupernodes",
     "PodLargerThanNodes",
@@ -79,6 +83,11 @@ class Metrics:
             registry=r,
         )
         self.cycles = PromCounter("tidal_cycles_total", "Controller cycles run", registry=r)
+        self.defrag_moves = PromCounter(
+            "tidal_defrag_moves_total",
+            "Gangs (or elastic DP replicas) moved checkpoint-first so a fragmentation-blocked gang fits",
+            registry=r,
+        )
         # Every known series exists from the start, so dashboards and alerts see 0, not "no data".
         for direction, reason in MOVES:
             self.rebalance_moves.labels(direction=direction, reason=reason)
@@ -111,6 +120,8 @@ class Metrics:
                 self.preemptions.labels(reason="priority").inc(n)
             elif key == "restarts":
                 self.restarts.inc(n)
+            elif key == "defrag_moves":
+                self.defrag_moves.inc(n)
             elif key.startswith("moves:"):
                 _, direction, reason = key.split(":", 2)
                 self.rebalance_moves.labels(direction=direction, reason=reason).inc(n)
@@ -131,6 +142,7 @@ class ClusterCollector:
         "tidal_overbooked_gpus",
         "tidal_api_requests",
         "tidal_pending_jobs",
+        "tidal_stranded_gpus",
     )
 
     def __init__(self, controller: Controller | None = None):
@@ -182,6 +194,10 @@ class ClusterCollector:
         pending_jobs = GaugeMetricFamily(
             "tidal_pending_jobs", "Pending TrainingJobs by the reason they wait", labels=["reason"]
         )
+        stranded = GaugeMetricFamily(
+            "tidal_stranded_gpus",
+            "Free accelerators no pending HBD-group size can use (per supernode, summed; 0 when nothing is pending)",
+        )
         families: list[Metric] = [
             sn_gpus,
             largest_slice,
@@ -194,6 +210,7 @@ class ClusterCollector:
             overbooked,
             api,
             pending_jobs,
+            stranded,
         ]
         report = controller.last_report if controller is not None else None
         cyc = report.cycle if report is not None else None
@@ -202,6 +219,7 @@ class ClusterCollector:
             oldest.add_metric([], 0.0)
             violations.add_metric([], float(len(self._violating)))
             overbooked.add_metric([], 0.0)
+            stranded.add_metric([], 0.0)
             for reason in PENDING_REASONS:
                 pending_jobs.add_metric([reason], 0.0)
             if controller is not None:
@@ -235,6 +253,7 @@ class ClusterCollector:
         oldest.add_metric([], oldest_s)
         for reason in sorted({*PENDING_REASONS, *pending}):
             pending_jobs.add_metric([reason], pending.get(reason, 0))
+        stranded.add_metric([], float(stranded_free_gpus(snapshot, _pending_sizes(report))))
         self._hbd_violations(controller, cyc.members)
         violations.add_metric([], float(len(self._violating)))
         overbooked.add_metric([], float(sum(max(n.allocated - n.gpus, 0) for n in snapshot.nodes.values())))
@@ -274,6 +293,20 @@ def _gpus_by_class(report: CycleReport, snapshot: Any) -> dict[str, int]:
         "idle": max(usable - allocated, 0),
         "failed": failed,
     }
+
+
+def _pending_sizes(report: CycleReport) -> dict[str, set[int]]:
+    """Accelerator -> HBD-group sizes (GPUs) of the queued TrainingJobs."""
+    sizes: dict[str, set[int]] = {}
+    for view, status in report.statuses.values():
+        if not is_queued(view, status):
+            continue
+        try:
+            size = GangShape.of(view.spec, view.spec.get("dp", 1)).group_gpus
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue  # an invalid spec waits with InvalidSpec; it has no group size
+        sizes.setdefault(view.spec.get("accelerator", "nvidia.com/gpu"), set()).add(size)
+    return sizes
 
 
 def _jobs(report: CycleReport) -> tuple[Counter[tuple[str, str]], Counter[str], float]:

@@ -1,12 +1,18 @@
-"""Which pending TrainingJobs get GPUs: priority order, then submission order, with preemption.
+"""Which pending TrainingJobs get GPUs: priority order, then submission order, with preemption
+and defragmentation.
 
 A job that needs victims waits for their checkpoints; meanwhile the nodes its plan needs are
-reserved, so lower-priority jobs may backfill elsewhere but never take its place.
+reserved, so lower-priority jobs may backfill elsewhere but never take its place. A job blocked
+only by fragmentation (enough free GPUs, none where a group needs them) may have preemptible work
+of its own or lower priority *moved* (`placement/defrag.py`): checkpoint-first eviction, back to
+the queue, re-admitted elsewhere; the moves count against the hourly disruption budget.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tidal.clock import parse_time
@@ -35,9 +41,20 @@ from tidal.placement import (
     plan_gang,
     plan_preemption,
 )
+from tidal.placement.defrag import MovableGang, free_gpus, plan_defrag
+from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
 
 QUEUED = frozenset({"Pending", "Restarting", ""})
+DEFRAGMENTED = "Defragmented"
+"""Eviction reason of a defragmentation move."""
+WAITING = frozenset({"WaitingForPreemption", "WaitingForDefragmentation"})
+"""Reasons of a queued job that is re-planned every cycle (it must re-reserve its nodes)."""
+DEFRAG_COOLDOWN = dt.timedelta(minutes=10)
+"""A job moved by defragmentation is not moved again sooner than this (no ping-pong)."""
+
+Budget = Callable[[], int | None]
+"""GPUs the disruption budget still allows this hour (None: no limit), asked only when needed."""
 
 
 def is_queued(view: ResourceView, status: dict[str, Any]) -> bool:
@@ -55,6 +72,8 @@ def queue_order(item: tuple[ResourceView, dict[str, Any]]) -> tuple:
     return (
         not recovering,
         -int(view.spec.get("priority", 0)),
+        # A job others are leaving for re-reserves its nodes before its equals (its movers) are tried.
+        _schedulable_reason(status) not in WAITING,
         status.get("pendingSince") or view.created,
         view.namespace or "",
         view.name,
@@ -113,20 +132,23 @@ def without_evictions_in_flight(
     return scratch
 
 
-def admit_queued(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> None:
+def admit_queued(
+    cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]], defrag_budget: Budget | None = None
+) -> None:
+    """`defrag_budget`: what defragmentation moves may still take; None turns defragmentation off."""
     queue = sorted((item for item in statuses.values() if is_queued(*item)), key=queue_order)
     for view, status in queue:
         mark = retry_mark(cyc, view, status)
         if cyc.pending_memo.get(view.uid) == mark:
             cyc.count("queue_skipped")  # nothing that could change its answer has moved
             continue
-        new_status = _try_admit(cyc, view, status, statuses)
+        new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
         statuses[view.uid] = (view, new_status)
         if holds_gpus(new_status):
             cyc.pending_memo.pop(view.uid, None)
             new_status = reconcile_placed(cyc, view, new_status)
             statuses[view.uid] = (view, new_status)
-        elif _schedulable_reason(new_status) == "WaitingForPreemption":
+        elif _schedulable_reason(new_status) in WAITING:
             cyc.pending_memo.pop(view.uid, None)  # re-planned every cycle: it reserves its nodes
         else:
             cyc.pending_memo[view.uid] = mark
@@ -148,7 +170,11 @@ def _schedulable_reason(status: dict[str, Any]) -> str | None:
 
 
 def _try_admit(
-    cyc: Cycle, view: ResourceView, status: dict[str, Any], statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
+    defrag_budget: Budget | None = None,
 ) -> dict[str, Any]:
     status = {**status, "phase": status.get("phase") or "Pending"}
     status.setdefault("pendingSince", cyc.stamp)
@@ -180,7 +206,7 @@ def _try_admit(
         misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
-    return _preempt_or_wait(cyc, view, status, statuses, misses[0])
+    return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
 
 
 def _admitted(
@@ -227,19 +253,39 @@ def _preempt_or_wait(
     status: dict[str, Any],
     statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
     miss: Unplaceable,
+    defrag_budget: Budget | None = None,
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     request = request_for(view, shape, status["phase"] == "Restarting")
     gangs, scratch = _preemption_inputs(cyc, statuses)
-    own_victims = any(
-        s.get("eviction") and s["eviction"].get("by", "").startswith(view.ref + " ") for _, s in statuses.values()
+    own_victims = bool(_leaving_for(view, statuses))
+    if own_victims or any(g.preemptible and g.priority < request.priority for g in gangs):
+        # Skipped when nobody may be preempted and nobody is already leaving for it.
+        result = plan_preemption(scratch, request, gangs)
+        if isinstance(result, PreemptionPlan):
+            return _preempt(cyc, view, status, statuses, result)
+    moved = _defragment(cyc, view, status, statuses, request, miss, gangs, scratch, defrag_budget)
+    if moved is not None:
+        return moved
+    return _pending(cyc, view, status, miss.reason.value, miss.message)
+
+
+def _leaving_for(view: ResourceView, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """(job, eviction reason) of every job being evicted to make room for `view`."""
+    return sorted(
+        (v.ref, s["eviction"].get("reason", ""))
+        for v, s in statuses.values()
+        if s.get("eviction") and s["eviction"].get("by", "").startswith(view.ref + " ")
     )
-    if not own_victims and not any(g.preemptible and g.priority < request.priority for g in gangs):
-        # Nobody it may preempt and nobody already leaving for it: skip the planner altogether.
-        return _pending(cyc, view, status, miss.reason.value, miss.message)
-    result = plan_preemption(scratch, request, gangs)
-    if not isinstance(result, PreemptionPlan):
-        return _pending(cyc, view, status, miss.reason.value, miss.message)
+
+
+def _preempt(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
+    result: PreemptionPlan,
+) -> dict[str, Any]:
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
     for eviction in result.evictions:
         victim, victim_status = by_uid[eviction.gang]
@@ -256,13 +302,125 @@ def _preempt_or_wait(
         cyc.writer.write(victim, new_victim)
         cyc.count("preemptions")
     reserve_nodes(cyc.snapshot, result.placement)
-    waiting = [
-        v.ref
-        for v, s in statuses.values()
-        if s.get("eviction") and s["eviction"].get("by", "").startswith(view.ref + " ")
-    ]
-    message = f"waiting for {len(waiting)} preempted job(s) to checkpoint and release GPUs: {', '.join(waiting)}"
+    return _waiting(cyc, view, status, statuses)
+
+
+def _waiting(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+) -> dict[str, Any]:
+    """The pending status of a job whose planned nodes are reserved while others leave for it."""
+    leaving = _leaving_for(view, statuses)
+    moves = [ref for ref, reason in leaving if reason == DEFRAGMENTED]
+    preempted = [ref for ref, reason in leaving if reason != DEFRAGMENTED]
+    if moves and not preempted:
+        message = (
+            f"waiting for {len(moves)} defragmentation move(s): checkpoint-first, then re-placed elsewhere: "
+            f"{', '.join(moves)}"
+        )
+        return _pending(cyc, view, status, "WaitingForDefragmentation", message)
+    message = f"waiting for {len(preempted)} preempted job(s) to checkpoint and release GPUs: {', '.join(preempted)}"
+    if moves:
+        message += f"; and for {len(moves)} defragmentation move(s): {', '.join(moves)}"
     return _pending(cyc, view, status, "WaitingForPreemption", message)
+
+
+def _defragment(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
+    request: GangRequest,
+    miss: Unplaceable,
+    gangs: list[RunningGang],
+    scratch: ClusterSnapshot,
+    defrag_budget: Budget | None,
+) -> dict[str, Any] | None:
+    """Start the fewest checkpoint-first moves that let a fragmentation-blocked job fit, or None.
+
+    One defragmentation at a time: a second one planned while the first one's movers are still
+    leaving could take the room those movers were verified to fit into again."""
+    if defrag_budget is None or miss.reason is not UnplaceableReason.INSUFFICIENT_FREE_CAPACITY:
+        return None
+    if free_gpus(scratch, request.accelerator) < request.total_gpus:
+        return None  # short of GPUs, not of their arrangement
+    if any((s.get("eviction") or {}).get("reason") == DEFRAGMENTED for _, s in statuses.values()):
+        return None
+    movers = _movable(cyc, statuses, gangs, request)
+    if not movers:
+        return None
+    budget = defrag_budget()
+    started = time.perf_counter()
+    plan = plan_defrag(scratch, request, movers, budget)
+    cyc.placements_ms.append((time.perf_counter() - started) * 1000)
+    if plan is None:
+        return None
+    by_uid = {v.uid: (v, s) for v, s in statuses.values()}
+    groups = f"{request.groups} group(s) of {request.group_gpus} GPUs"
+    for move in plan.moves:
+        mover, mover_status = by_uid[move.eviction.gang]
+        replicas = [] if move.eviction.whole else list(move.eviction.replicas)
+        what = "the whole job" if move.eviction.whole else f"DP replicas {replicas}"
+        cyc.event(
+            mover,
+            "DefragmentationMove",
+            f"moving {what} ({move.eviction.gpus} GPUs) so that {view.ref} ({groups}) fits: checkpoint first, "
+            f"then back to the queue; it fits again on {', '.join(sorted(move.replacement.supernodes))}",
+        )
+        new_mover = start_eviction(
+            cyc,
+            mover,
+            mover_status,
+            reason=DEFRAGMENTED,
+            by=f"{view.ref} (defragmentation: {groups} blocked by scattered free GPUs)",
+            replicas=replicas,
+        )
+        statuses[mover.uid] = (mover, new_mover)
+        cyc.writer.write(mover, new_mover)
+        cyc.count("defrag_moves")
+    names = ", ".join(by_uid[m.eviction.gang][0].ref for m in plan.moves)
+    where = ", ".join(sorted(plan.placement.supernodes))
+    cyc.event(
+        view,
+        "Defragmenting",
+        f"{len(plan.moves)} defragmentation move(s) of {plan.moved_gpus} GPUs make room on {where}: {names}",
+    )
+    reserve_nodes(cyc.snapshot, plan.placement)
+    return _waiting(cyc, view, status, statuses)
+
+
+def _movable(
+    cyc: Cycle,
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
+    gangs: list[RunningGang],
+    request: GangRequest,
+) -> list[MovableGang]:
+    """Running gangs that may move for `request` (preemptible, priority <= its), with their shapes;
+    not one moved by defragmentation within DEFRAG_COOLDOWN."""
+    by_uid = {v.uid: (v, s) for v, s in statuses.values()}
+    recent = cyc.now - DEFRAG_COOLDOWN
+    out = []
+    for gang in gangs:
+        if not gang.preemptible or gang.priority > request.priority or gang.name not in by_uid:
+            continue
+        view, status = by_uid[gang.name]
+        if view.ref == request.name:
+            continue
+        if any(
+            r.get("reason") == DEFRAGMENTED and (parse_time(r.get("at")) or recent) > recent
+            for r in status.get("evictionHistory", [])
+        ):
+            continue
+        shape = shape_of(view, status)
+        again = GangRequest(
+            gang.name,
+            groups=shape.groups,
+            group_gpus=shape.group_gpus,
+            gpus_per_pod=shape.gpus_per_pod,
+            accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
+            priority=gang.priority,
+        )
+        out.append(MovableGang(gang, again))
+    return out
 
 
 def _preemption_inputs(
@@ -270,7 +428,12 @@ def _preemption_inputs(
 ) -> tuple[list[RunningGang], ClusterSnapshot]:
     """Running gangs and the snapshot without evictions in flight, built once per cycle and again
     only after the snapshot or the set of evictions changed (both walk every placed pod)."""
-    key = (cyc.snapshot_mutations(), cyc.counters.get("preemptions", 0), cyc.counters.get("admitted", 0))
+    key = (
+        cyc.snapshot_mutations(),
+        cyc.counters.get("preemptions", 0),
+        cyc.counters.get("defrag_moves", 0),
+        cyc.counters.get("admitted", 0),
+    )
     cached = cyc.scratch.get("preemption")
     if cached is None or cached[0] != key:
         cached = (key, running_gangs(cyc, statuses), without_evictions_in_flight(cyc, statuses))

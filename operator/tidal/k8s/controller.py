@@ -19,7 +19,7 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
-from tidal.k8s.rebalancing import RebalanceSettings, expand_elastic, rebalance_pools
+from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
@@ -36,6 +36,8 @@ class ControllerSettings:
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
     max_cycle_age_seconds: float = 120.0
     """/healthz fails when timers fire but no cycle has finished for this long."""
+    defragment: bool = True
+    """Move preemptible work (checkpoint-first) when a queued gang is blocked only by fragmentation."""
 
 
 @dataclass
@@ -182,7 +184,9 @@ class Controller:
             self.writer.write(view, new)
 
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
-        admit_queued(cyc, statuses)
+        rebalance = self.settings.rebalance
+        defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
+        admit_queued(cyc, statuses, defrag_budget)
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
         cyc.flush_pods()

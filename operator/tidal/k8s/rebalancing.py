@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.clock import parse_time
-from tidal.k8s.admission import reserve_nodes, running_gangs, without_evictions_in_flight
+from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
@@ -31,20 +31,31 @@ class RebalanceSettings:
     """An elastic job shrunk by the rebalancer is not grown back sooner than this."""
 
 
+DISRUPTIONS = frozenset({REBALANCED, DEFRAGMENTED})
+"""Eviction reasons that draw on the hourly disruption budget: the rebalancer's and defragmentation's."""
+
+
 def budget_used(cyc: Cycle, jobs: Statuses) -> int:
+    """Training GPUs evicted (or being evicted) by the rebalancer or defragmentation in the last hour."""
     hour_ago = cyc.now - dt.timedelta(hours=1)
     used = 0
     for view, status in jobs.values():
         for record in status.get("evictionHistory", []):
             at = parse_time(record.get("at"))
-            if record.get("reason") == REBALANCED and at is not None and at > hour_ago:
+            if record.get("reason") in DISRUPTIONS and at is not None and at > hour_ago:
                 used += int(record.get("gpus", 0))
         eviction = status.get("eviction")
-        if eviction and eviction.get("reason") == REBALANCED and holds_gpus(status):
+        if eviction and eviction.get("reason") in DISRUPTIONS and holds_gpus(status):
             shape = shape_of(view, status)
             evicting = groups_of_replicas(shape, status["placement"], eviction.get("replicas") or [])
             used += sum(len(g["nodes"]) for g in evicting) * shape.gpus_per_pod
     return used
+
+
+def budget_left(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> int | None:
+    """GPUs the hourly disruption budget still allows (None: no budget set)."""
+    budget = settings.disruption_budget_gpus_per_hour
+    return None if budget is None else max(budget - budget_used(cyc, jobs), 0)
 
 
 def rebalance_pools(
@@ -111,8 +122,7 @@ def _grow(
     remaining = need - free.replicas
     if remaining <= 0:
         return status, False
-    budget = settings.disruption_budget_gpus_per_hour
-    left = None if budget is None else max(budget - budget_used(cyc, jobs), 0)
+    left = budget_left(cyc, jobs, settings)
     scratch = without_evictions_in_flight(cyc, jobs)
     plan = plan_capacity(scratch, _request(view, remaining), running_gangs(cyc, jobs), left)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}

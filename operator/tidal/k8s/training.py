@@ -106,7 +106,9 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
 
-    phases = [pods[n].phase for n in expected if n in pods]
+    # Only pods on their planned node and not being deleted: a job re-admitted while its old pods
+    # still terminate elsewhere is not Running on the strength of those.
+    phases = [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not _gone(cyc, pods[n])]
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
         status["phase"] = "Succeeded"
         status["reason"] = "all pods completed"

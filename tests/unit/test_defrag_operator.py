@@ -1,0 +1,132 @@
+"""The operator's defragmentation: moves are checkpoint-first, the gang waits with its nodes
+reserved, moved jobs are re-admitted elsewhere, moves count against the disruption budget."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from prometheus_client import generate_latest
+
+from tidal.clock import FixedClock
+from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.rebalancing import RebalanceSettings
+from tidal.metrics import Metrics
+
+from .fake_cluster import FakeCluster
+from .test_rebalance import TEMPLATE, check_sound, run
+
+RACKS = 4
+
+
+def spec(tp: int, ep: int, dp: int = 1, **extra) -> dict:
+    return {"tp": tp, "ep": ep, "pp": 1, "dp": dp, "gpusPerPod": 4, "template": TEMPLATE, **extra}
+
+
+def scattered(settings: ControllerSettings | None = None) -> tuple[FakeCluster, Controller, FixedClock]:
+    """One preemptible 16-GPU job on every rack (56 free each): 224 free GPUs, no rack whole."""
+    cluster = FakeCluster("nvl72", RACKS)
+    clock = FixedClock(dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC))
+    controller = Controller(cluster, clock, settings or ControllerSettings())
+    cluster.add("TrainingJob", "ml", "filler", spec(4, 14, dp=RACKS))  # 56 GPUs on every rack
+    run(cluster, controller)
+    for i in range(RACKS):
+        cluster.add("TrainingJob", "ml", f"small-{i}", spec(4, 4, priority=1, preemptible=True))
+    run(cluster, controller)
+    del cluster.objects[("TrainingJob", "ml", "filler")]
+    for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get("tidal.dev/job") == "filler"]:
+        del cluster.pods[key]
+    run(cluster, controller)
+    racks = {_racks_of(cluster, f"small-{i}").pop() for i in range(RACKS)}
+    assert len(racks) == RACKS, "one small job per rack"
+    return cluster, controller, clock
+
+
+def _racks_of(cluster: FakeCluster, job: str) -> set[str]:
+    return {g["supernode"] for g in cluster.status("TrainingJob", "ml", job).get("placement", [])}
+
+
+def _reason(cluster: FakeCluster, job: str) -> tuple[str, str]:
+    st = cluster.status("TrainingJob", "ml", job)
+    cond = next(c for c in st["conditions"] if c["type"] == "Schedulable")
+    return cond["reason"], cond["message"]
+
+
+def test_blocked_gang_moves_one_small_job_checkpoint_first_then_runs():
+    cluster, controller, _ = scattered()
+    metrics = Metrics()
+    metrics.attach(controller)
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))  # one 72-GPU group
+    cluster.calls.clear()
+    run(cluster, controller, cycles=2)
+    reason, message = _reason(cluster, "whole-rack")
+    assert reason == "WaitingForDefragmentation" and "waiting for 1 defragmentation move(s)" in message
+    moving = [f"small-{i}" for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
+    assert len(moving) == 1
+    mover = moving[0]
+    eviction = cluster.status("TrainingJob", "ml", mover)["eviction"]
+    assert eviction["reason"] == "Defragmented" and eviction["by"].startswith("ml/whole-rack ")
+    events = [d for v, d in cluster.calls if v == "event"]
+    assert any(name == mover and r == "DefragmentationMove" for name, r, _ in events)
+    assert any(name == "whole-rack" and r == "Defragmenting" for name, r, _ in events)
+    assert len(cluster.pods_of("tidal.dev/job", mover)) == 4, "no pod deleted before the checkpoint"
+    assert all(
+        "tidal.dev/checkpoint-requested" in (p["metadata"].get("annotations") or {})
+        for p in cluster.pods_of("tidal.dev/job", mover)
+    )
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'tidal_pending_jobs{reason="WaitingForDefragmentation"} 1.0' in scraped
+    # The three racks not reserved for the gang: 56 free each, useless to a 72-GPU group.
+    assert "tidal_stranded_gpus 168.0" in scraped
+
+    old_rack = _racks_of(cluster, mover)
+    cluster.annotate("TrainingJob", "ml", mover, {"tidal.dev/checkpoint-done": eviction["requestedAt"]})
+    run(cluster, controller, cycles=4)
+    big = cluster.status("TrainingJob", "ml", "whole-rack")
+    assert big["phase"] == "Running" and {g["supernode"] for g in big["placement"]} == old_rack
+    moved = cluster.status("TrainingJob", "ml", mover)
+    assert moved["phase"] == "Running" and _racks_of(cluster, mover).isdisjoint(old_rack)
+    preempted = next(c for c in moved["conditions"] if c["type"] == "Preempted")
+    assert preempted["reason"] == "Defragmented" and "ml/whole-rack" in preempted["message"]
+    assert moved["evictionHistory"][-1]["reason"] == "Defragmented"
+    others = [f"small-{i}" for i in range(RACKS) if f"small-{i}" != mover]
+    assert all(not cluster.status("TrainingJob", "ml", j).get("evictionHistory") for j in others)
+    scraped = generate_latest(metrics.registry).decode()
+    assert "tidal_defrag_moves_total 1.0" in scraped
+    assert "tidal_stranded_gpus 0.0" in scraped, "nothing pending"
+    check_sound(cluster)
+
+
+def test_higher_priority_work_is_never_moved_and_nothing_happens():
+    cluster, controller, _ = scattered()
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=0))  # below the small jobs
+    run(cluster, controller, cycles=3)
+    reason, _ = _reason(cluster, "whole-rack")
+    assert reason == "InsufficientFreeCapacity"
+    assert not any(cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction") for i in range(RACKS))
+
+
+def test_moves_stay_within_the_disruption_budget():
+    settings = ControllerSettings(rebalance=RebalanceSettings(disruption_budget_gpus_per_hour=8))
+    cluster, controller, _ = scattered(settings)
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
+    run(cluster, controller, cycles=3)
+    assert _reason(cluster, "whole-rack")[0] == "InsufficientFreeCapacity", "a 16-GPU move exceeds 8"
+    assert not any(cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction") for i in range(RACKS))
+
+
+def test_defragmentation_can_be_turned_off():
+    cluster, controller, _ = scattered(ControllerSettings(defragment=False))
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
+    run(cluster, controller, cycles=3)
+    assert _reason(cluster, "whole-rack")[0] == "InsufficientFreeCapacity"
+
+
+def test_restarted_operator_keeps_waiting_and_plans_no_second_move():
+    cluster, controller, clock = scattered()
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
+    run(cluster, controller, cycles=2)
+    fresh = Controller(cluster, clock, ControllerSettings())  # the intent is in the movers' status
+    run(cluster, fresh, cycles=3)
+    moving = [i for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
+    assert len(moving) == 1
+    assert _reason(cluster, "whole-rack")[0] == "WaitingForDefragmentation"
