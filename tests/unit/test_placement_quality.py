@@ -149,3 +149,15 @@ def test_the_block_whose_leftover_loses_least_wins_over_the_fullest_block():
     demand.observe("nvidia.com/gpu", 32)
     plan = plan_gang(snap, GangRequest("pair", groups=2, group_gpus=16, gpus_per_pod=4), demand)
     assert plan.supernodes <= {"nvl72-0020", "nvl72-0021", "nvl72-0022"} and len(plan.supernodes) == 2
+
+
+def test_recovery_with_room_only_on_spares_is_placed_not_crashed():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    use(snap, "nvl72-0000", 18)
+    nodes = list(snap.member_nodes("nvl72-0001"))
+    for node in nodes[:4]:
+        snap.update_node(node.name, spare=True)
+    for node in nodes[4:]:
+        snap.allocate(node.name, 4)
+    plan = plan_gang(snap, GangRequest("fix", 1, 16, 4, recovery=True, prefer_supernodes=("nvl72-0000",)))
+    assert isinstance(plan, PlacementPlan) and set(plan.groups[0].nodes) == {n.name for n in nodes[:4]}

@@ -113,6 +113,8 @@ def _choose_supernodes(
     snapshot: ClusterSnapshot, request: GangRequest, capacity: dict[str, int], wanted: int, sizes: dict[int, float]
 ) -> list[tuple[str, int]]:
     """(supernode, groups) pairs for `wanted` groups: fewest blocks, then least leftover lost."""
+    if not capacity:
+        return []  # e.g. recovery with room only on spares: the next tier supplies it
     blocks: dict[str, list[str]] = defaultdict(list)
     block_capacity: dict[str, int] = defaultdict(int)
     for name, groups in capacity.items():
@@ -170,8 +172,7 @@ class _LeftoverScorer:
         key = (free, whole, limit)
         if key not in self._memo:
             self._memo[key] = min(
-                (round(self.loss(free, whole, k) / k, 9), -k, free - k * self.group)
-                for k in range(1, limit + 1)
+                (round(self.loss(free, whole, k) / k, 9), -k, free - k * self.group) for k in range(1, limit + 1)
             )
         return self._memo[key]
 
