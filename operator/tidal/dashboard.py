@@ -92,6 +92,15 @@ PANELS: tuple[PanelSpec, ...] = (
         unit="percentunit",
         description="1 - largest free slice / all free accelerators.",
     ),
+    PanelSpec(
+        "Stranded GPUs and defragmentation moves",
+        "timeseries",
+        (
+            ("sum(tidal_stranded_gpus)", "stranded GPUs"),
+            ("sum(increase(tidal_defrag_moves_total[15m]))", "moves per 15m"),
+        ),
+        description="Free accelerators no pending group size can use, and checkpoint-first moves that defragment.",
+    ),
     PanelSpec("HBD violations (must be 0)", "stat", (("sum(tidal_hbd_violations_total)", "violations"),)),
     PanelSpec("Over-booked GPUs (must be 0)", "stat", (("sum(tidal_overbooked_gpus)", "over-booked"),)),
 )
