@@ -50,7 +50,7 @@ EXACT_MAX_OPTIONS = 24
 EXACT_MAX_SETS = 20_000
 """Sets of moves the exact enumeration may count (per size) before it hands over to the greedy."""
 MAX_MOVES = 8
-"""No plan moves more gangs than this (each is a checkpoint and a restart)."""
+"""No plan moves more gangs than this, or twice the groups missing if more (each is a checkpoint and a restart)."""
 EXTRA_SUPERNODES = 3
 """Candidate supernodes beyond the number of groups missing."""
 
@@ -156,6 +156,17 @@ class _Planner:
                 for node in sn.nodes:
                     self.sn_of[node] = name
         self.options = self._options()
+        self.on_sn: dict[str, list[tuple[int, _Option]]] = {}
+        """Supernode -> (GPUs released there, option) for every option releasing some there."""
+        for o in self.options:
+            here: dict[str, int] = {}
+            for node, g in o.released:
+                sn = self.sn_of.get(node)
+                if sn is not None:
+                    here[sn] = here.get(sn, 0) + g
+            for sn, g in here.items():
+                self.on_sn.setdefault(sn, []).append((g, o))
+        self.max_moves = max(MAX_MOVES, 2 * (request.groups - fitting_now))
 
     # -- options ----------------------------------------------------------------------------
     def _release(self, m: MovableGang, level: int) -> tuple[tuple[str, int], ...]:
@@ -279,15 +290,18 @@ class _Planner:
                 return found
         return self._greedy(candidates)
 
-    def _clearing(self, sn: str, pool: list[_Option]) -> list[_Option] | None:
-        """Fewest options (largest release on `sn` first) that give `sn` one more group."""
+    def _clearing(self, sn: str, taken: set[int], allowed: set[int] | None = None) -> list[_Option] | None:
+        """Fewest options (largest release on `sn` first) that give `sn` one more group, from gangs
+        not in `taken` (and in `allowed`, if given)."""
         base = self.snap.pod_slots(sn, self.gpp, self.request.recovery) // self.ppg
-        on_sn = []
-        for o in pool:
-            here = sum(g for node, g in o.released if self.sn_of.get(node) == sn)
-            if here:
-                on_sn.append((-here, o.gpus, o.gang, o.level, o))
-        on_sn.sort(key=lambda t: t[:4])
+        on_sn = sorted(
+            (
+                (-here, o.gpus, o.gang, o.level, o)
+                for here, o in self.on_sn.get(sn, [])
+                if o.gang not in taken and (allowed is None or o.gang in allowed)
+            ),
+            key=lambda t: t[:4],
+        )
         chosen: list[_Option] = []
         gangs: set[int] = set()
         for *_, o in on_sn:
@@ -309,11 +323,12 @@ class _Planner:
         more = sum(self._slots(node, g) - self._slots(node, 0) for node, g in extra.items())
         return (base + more) // self.ppg
 
-    def _ranked_supernodes(self, pool: list[_Option]) -> list[tuple[tuple[int, int], str, list[_Option]]]:
-        touched = {self.sn_of[node] for o in pool for node, _ in o.released if node in self.sn_of}
+    def _ranked_supernodes(
+        self, taken: set[int], allowed: set[int] | None = None
+    ) -> list[tuple[tuple[int, int], str, list[_Option]]]:
         ranked = []
-        for sn in sorted(touched):
-            clearing = self._clearing(sn, pool)
+        for sn in sorted(self.on_sn):
+            clearing = self._clearing(sn, taken, allowed)
             if clearing is not None:
                 ranked.append(((len(clearing), sum(o.gpus for o in clearing)), sn, clearing))
         ranked.sort(key=lambda t: (t[0], t[1]))
@@ -321,9 +336,9 @@ class _Planner:
 
     def _candidates(self) -> list[_Option]:
         missing = self.request.groups - self.fitting_now
-        ranked = self._ranked_supernodes(self.options)
+        ranked = self._ranked_supernodes(set())
         best = {sn for _, sn, _ in ranked[: missing + EXTRA_SUPERNODES]}
-        gangs = {o.gang for o in self.options for node, _ in o.released if self.sn_of.get(node) in best}
+        gangs = {o.gang for sn in best for _, o in self.on_sn[sn]}
         return [o for o in self.options if o.gang in gangs]
 
     def _exact(self, options: list[_Option]) -> DefragPlan | bool | None:
@@ -334,7 +349,7 @@ class _Planner:
         gangs = sorted(by_gang)
         if self.groups_with(max(by_gang[g], key=lambda o: o.level) for g in gangs) < self.request.groups:
             return None  # not even moving every candidate would make room
-        for k in range(1, min(len(gangs), MAX_MOVES) + 1):
+        for k in range(1, min(len(gangs), self.max_moves) + 1):
             sets = []
             for combo in itertools.combinations(gangs, k):
                 for choice in itertools.product(*(by_gang[g] for g in combo)):
@@ -353,16 +368,21 @@ class _Planner:
         return None
 
     def _greedy(self, options: list[_Option]) -> DefragPlan | None:
+        """Clear the cheapest supernodes (ranked once; a pick whose gangs were taken meanwhile is
+        re-costed against what is left) until the request fits."""
+        allowed = {o.gang for o in options}
         chosen: list[_Option] = []
-        pool = list(options)
-        while self.groups_with(chosen) < self.request.groups and len(chosen) < MAX_MOVES:
-            ranked = self._ranked_supernodes(pool)
-            if not ranked:
-                return None
-            _, _, clearing = ranked[0]
+        taken: set[int] = set()
+        ranked = self._ranked_supernodes(taken, allowed)
+        for _, sn, clearing in ranked:
+            if self.groups_with(chosen) >= self.request.groups or len(chosen) >= self.max_moves:
+                break
+            if any(o.gang in taken for o in clearing):
+                clearing = self._clearing(sn, taken, allowed)
+                if clearing is None:
+                    continue
             chosen += clearing
-            taken = {o.gang for o in clearing}
-            pool = [o for o in pool if o.gang not in taken]
+            taken |= {o.gang for o in clearing}
         if self.groups_with(chosen) < self.request.groups:
             return None
         if self.budget is not None and sum(o.gpus for o in chosen) > self.budget:
