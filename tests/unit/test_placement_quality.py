@@ -35,11 +35,16 @@ def test_queued_group_sizes_keep_the_empty_rack_for_the_job_that_fits_it():
     assert second.supernodes == {"nvl72-0000", "nvl72-0001"}
 
 
-def test_a_partly_used_domain_takes_the_group_before_an_empty_one():
-    snap = snapshot_from_fleet(build_fleet("nvl72", 3))
-    use(snap, "nvl72-0001", 10)  # 32 GPUs left in rack 1; racks 0 and 2 empty
-    plan = plan_gang(snap, GangRequest("small", groups=1, group_gpus=32, gpus_per_pod=4))
-    assert plan.supernodes == {"nvl72-0001"}
+def test_an_empty_domain_is_worth_more_than_its_group_sizes():
+    # 40 free in rack 0, 72 (whole) in rack 1, 20-GPU groups queued. By sizes alone a 4-GPU group
+    # costs rack 1 nothing (72 -> 68 still holds three 20s) and rack 0 one 20; the worth of a
+    # whole domain keeps rack 1 empty for whatever needs a whole rack.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    use(snap, "nvl72-0000", 8)
+    demand = GroupDemand()
+    demand.observe("nvidia.com/gpu", 20)
+    plan = plan_gang(snap, GangRequest("tiny", groups=1, group_gpus=4, gpus_per_pod=4), demand)
+    assert plan.supernodes == {"nvl72-0000"}
 
 
 def test_an_empty_domain_keeps_its_worth_when_the_leftover_score_ties():
@@ -161,3 +166,17 @@ def test_recovery_with_room_only_on_spares_is_placed_not_crashed():
         snap.allocate(node.name, 4)
     plan = plan_gang(snap, GangRequest("fix", 1, 16, 4, recovery=True, prefer_supernodes=("nvl72-0000",)))
     assert isinstance(plan, PlacementPlan) and set(plan.groups[0].nodes) == {n.name for n in nodes[:4]}
+
+
+def test_a_gang_already_in_a_block_through_its_preferred_rack_stays_in_that_block():
+    # Group 1 fits the preferred rack 0 (block 0); group 2 must stay in block 0 (rack 5), even
+    # though block 1 has a tighter hole (rack 20, exactly 16 free).
+    snap = snapshot_from_fleet(build_fleet("nvl72", 32))
+    for s in range(32):
+        use(snap, f"nvl72-{s:04d}", {0: 14, 5: 8, 20: 14}.get(s, 18))
+    for recovery in (False, True):
+        request = GangRequest(
+            "g", groups=2, group_gpus=16, gpus_per_pod=4, recovery=recovery, prefer_supernodes=("nvl72-0000",)
+        )
+        plan = plan_gang(snap, request)
+        assert plan.supernodes == {"nvl72-0000", "nvl72-0005"}, recovery

@@ -32,9 +32,9 @@ from tidal.placement.types import (
 from tidal.topology.snapshot import ClusterSnapshot, OverbookedError
 
 WHOLE_DOMAIN_WEIGHT = 1.0
+"""Worth of an empty domain's GPUs for domain-sized groups, against 1.0 for all demanded sizes."""
 BLOCKS_SCORED = 16
 """When one block suffices, the fullest this many fitting blocks are scored by leftover lost."""
-"""Worth of an empty domain's GPUs for domain-sized groups, against 1.0 for all demanded sizes."""
 
 
 def plan_gang(
@@ -80,7 +80,8 @@ def plan_gang(
     sizes = _demanded_sizes(request, demand)
     for tier in (others, spares):
         if remaining:
-            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes):
+            used_blocks = {snapshot.supernodes[name].block or "" for name in chosen}
+            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes, used_blocks):
                 chosen[name] = chosen.get(name, 0) + take
                 remaining -= take
     return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen, set(first))))
@@ -110,23 +111,40 @@ def _demanded_sizes(request: GangRequest, demand: GroupDemand | None) -> dict[in
 
 
 def _choose_supernodes(
-    snapshot: ClusterSnapshot, request: GangRequest, capacity: dict[str, int], wanted: int, sizes: dict[int, float]
+    snapshot: ClusterSnapshot,
+    request: GangRequest,
+    capacity: dict[str, int],
+    wanted: int,
+    sizes: dict[int, float],
+    used_blocks: frozenset[str] | set[str] = frozenset(),
 ) -> list[tuple[str, int]]:
-    """(supernode, groups) pairs for `wanted` groups: fewest blocks, then least leftover lost."""
+    """(supernode, groups) pairs for `wanted` groups: fewest blocks, then least leftover lost.
+
+    Blocks the gang already uses (its preferred supernodes', an earlier tier's) cost no new
+    block, so their room is taken first.
+    """
     if not capacity:
         return []  # e.g. recovery with room only on spares: the next tier supplies it
+    scorer = _LeftoverScorer(request.group_gpus, sizes)
+    chosen: list[tuple[str, int]] = []
+    in_used = {n: c for n, c in capacity.items() if (snapshot.supernodes[n].block or "") in used_blocks}
+    if in_used:
+        take = min(wanted, sum(in_used.values()))
+        chosen, _ = _least_leftover_lost(snapshot, scorer, in_used, take)
+        wanted -= take
+        capacity = {n: c for n, c in capacity.items() if n not in in_used}  # their room is all taken
+        if not wanted or not capacity:
+            return chosen
+    if wanted == 1:
+        # A single group never crosses the scale-out network: every supernode competes for it.
+        return chosen + _least_leftover_lost(snapshot, scorer, dict(capacity), 1)[0]
     blocks: dict[str, list[str]] = defaultdict(list)
     block_capacity: dict[str, int] = defaultdict(int)
     for name, groups in capacity.items():
         block = snapshot.supernodes[name].block or ""
         blocks[block].append(name)
         block_capacity[block] += groups
-    scorer = _LeftoverScorer(request.group_gpus, sizes)
-    if wanted == 1:
-        # A single group never crosses the scale-out network: every supernode competes for it.
-        return _least_leftover_lost(snapshot, scorer, dict(capacity), 1)[0]
     remaining = wanted
-    chosen: list[tuple[str, int]] = []
     while remaining > 0 and block_capacity:
         fitting = [b for b, groups in block_capacity.items() if groups >= remaining]
         if fitting:
