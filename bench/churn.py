@@ -8,14 +8,18 @@ time, and wait in one queue tried in arrival order with backfill at every arriva
 A job still pending after `patience` is refused. The same arrival stream is given to:
 
 - tidal: `plan_gang` with the leftover valued for the pending queue's and recent arrivals' group
-  sizes;
-- constrained first-fit: every group inside one supernode, supernodes and nodes in name order
-  (what Kueue TAS required rack slices or Slurm's block plugin give);
+  sizes; and tidal_without_demand, the same planner told nothing (only the request's own size),
+  so the queue knowledge the baselines lack is measured on its own;
+- best-fit: every group inside one supernode, packed like Kueue TAS's BestFit (fewest blocks,
+  most room first, the tightest supernode for the remainder) or Slurm's block plugin;
+- constrained first-fit: every group inside one supernode, supernodes in name order (the lower
+  bar of a topology-respecting scheduler);
 - first-fit: gang-aware, topology-unaware first-fit (groups may be split across racks; such a
   job's GPUs are busy but not useful, and the split groups are counted).
 
 Stranded GPUs: free GPUs no pending group size can use (time average over the measured window,
-0 while nothing waits). Measured after the first `warmup` share of arrivals.
+0 while nothing waits; counted on supernode totals, not per node). Measured after the first
+`warmup` share of arrivals; jobs still queued at the end are reported as left_in_queue.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tidal.placement import (
     GangRequest,
     PlacementPlan,
     apply_plan,
+    plan_best_fit,
     plan_constrained_first_fit,
     plan_first_fit,
     plan_gang,
@@ -79,6 +84,8 @@ Planner = Callable[[ClusterSnapshot, GangRequest, GroupDemand], object]
 
 PLANNERS: dict[str, Planner] = {
     "tidal": plan_gang,
+    "tidal_without_demand": lambda snap, req, _demand: plan_gang(snap, req),
+    "best_fit": lambda snap, req, _demand: plan_best_fit(snap, req),
     "constrained_first_fit": lambda snap, req, _demand: plan_constrained_first_fit(snap, req),
     "first_fit": lambda snap, req, _demand: plan_first_fit(snap, req),
 }
@@ -160,6 +167,7 @@ def run_churn(
         "allocated_share": round(busy_area / window / snapshot.total_gpus(), 4),
         "large_gang_mean_pending_s": round(statistics.fmean(waits_large), 1) if waits_large else 0.0,
         "split_groups": splits,
+        "left_in_queue": sum(1 for job in queue.values() if job.arrival >= start),
     }
 
 
@@ -178,7 +186,7 @@ def run(seeds: list[int], cluster_gpus: int, jobs: int, load: float) -> dict[str
     per_planner = {name: [run_churn(name, s, cluster_gpus, jobs, load) for s in seeds] for name in PLANNERS}
     out: dict[str, object] = {"churn_seeds": seeds, "churn_cluster_gpus": cluster_gpus, "churn_jobs": jobs}
     out["churn_offered_load"] = load
-    suffix = {"tidal": "", "constrained_first_fit": "_constrained_first_fit", "first_fit": "_first_fit"}
+    suffix = {name: "" if name == "tidal" else f"_{name}" for name in PLANNERS}
     for name, runs in per_planner.items():
         for field in runs[0]:
             out[f"churn_{field}{suffix[name]}"] = [r[field] for r in runs]

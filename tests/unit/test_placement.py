@@ -135,3 +135,18 @@ def test_snapshot_rejects_duplicates_and_tracks_nodes_added_later():
     assert snap.pod_slots("s", 8) == 2
     with pytest.raises(ValueError):
         snap.add_node(NodeState("a", "s", 8))
+
+
+def test_best_fit_baseline_keeps_groups_whole_and_packs_like_kueue_best_fit():
+    from tidal.placement import plan_best_fit
+
+    snap = snapshot_from_fleet(build_fleet("nvl72", 3))
+    for node in list(snap.member_nodes("nvl72-0000"))[:10]:
+        snap.allocate(node.name, 4)  # 32 free
+    for node in list(snap.member_nodes("nvl72-0001"))[:14]:
+        snap.allocate(node.name, 4)  # 16 free
+    one = plan_best_fit(snap, GangRequest("one", groups=1, group_gpus=16, gpus_per_pod=4))
+    assert one.supernodes == {"nvl72-0001"}, "the tightest supernode that holds the remainder"
+    three = plan_best_fit(snap, GangRequest("three", groups=5, group_gpus=16, gpus_per_pod=4))
+    assert split_groups(snap, three) == 0
+    assert [g.supernode for g in three.groups] == ["nvl72-0002"] * 4 + ["nvl72-0001"], "most room first"

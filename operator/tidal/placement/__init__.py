@@ -1,6 +1,6 @@
 """Pure gang placement: all-or-nothing, every HBD group inside one supernode, and preemption."""
 
-from tidal.placement.first_fit import plan_constrained_first_fit, plan_first_fit, split_groups
+from tidal.placement.first_fit import plan_best_fit, plan_constrained_first_fit, plan_first_fit, split_groups
 from tidal.placement.gang import apply_plan, plan_gang, release_plan
 from tidal.placement.preemption import Eviction, PreemptionPlan, RunningGang, plan_preemption
 from tidal.placement.types import (
@@ -21,6 +21,7 @@ __all__ = [
     "Unplaceable",
     "UnplaceableReason",
     "apply_plan",
+    "plan_best_fit",
     "plan_constrained_first_fit",
     "plan_first_fit",
     "plan_gang",

@@ -74,3 +74,47 @@ def plan_constrained_first_fit(snapshot: ClusterSnapshot, request: GangRequest) 
         UnplaceableReason.INSUFFICIENT_FREE_CAPACITY,
         f"needs {request.groups} groups of {request.group_gpus}; {len(groups)} fit inside supernodes",
     )
+
+
+def plan_best_fit(snapshot: ClusterSnapshot, request: GangRequest) -> PlacementPlan | Unplaceable:
+    """Baseline: every group inside one supernode, packed like Kueue TAS's BestFit.
+
+    What Kueue TAS (required rack slices, BestFit) and Slurm's block plugin do: the fewest
+    blocks (the best-fit block when one suffices, else the largest first), inside a block the
+    supernodes with the most room first and, for the remainder, the tightest supernode that
+    holds it; nodes fullest first. It knows nothing of the queue or of what leftovers are worth.
+    """
+    from tidal.placement.gang import _assign_nodes  # the same node order as tidal
+
+    per_group = request.pods_per_group
+    capacity: dict[str, int] = {}
+    for name in snapshot.supernodes_with_free(request.accelerator, request.group_gpus):
+        groups = snapshot.pod_slots(name, request.gpus_per_pod) // per_group
+        if groups:
+            capacity[name] = groups
+    if sum(capacity.values()) < request.groups:
+        return Unplaceable(
+            request,
+            UnplaceableReason.INSUFFICIENT_FREE_CAPACITY,
+            f"needs {request.groups} groups of {request.group_gpus}; {sum(capacity.values())} fit inside supernodes",
+        )
+    blocks: dict[str, dict[str, int]] = {}
+    for name, groups in capacity.items():
+        blocks.setdefault(snapshot.supernodes[name].block or "", {})[name] = groups
+    remaining = request.groups
+    chosen: dict[str, int] = {}
+    while remaining:
+        totals = {b: sum(m.values()) for b, m in blocks.items()}
+        fitting = [b for b, total in totals.items() if total >= remaining]
+        block = min(fitting, key=lambda b: (totals[b], b)) if fitting else max(totals, key=lambda b: (totals[b], b))
+        members = blocks.pop(block)
+        while remaining and members:
+            holds_rest = [n for n, groups in members.items() if groups >= remaining]
+            if holds_rest:
+                name = min(holds_rest, key=lambda n: (members[n], n))
+            else:
+                name = max(members, key=lambda n: (members[n], n))
+            take = min(members.pop(name), remaining)
+            chosen[name] = take
+            remaining -= take
+    return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen, set())))
