@@ -39,7 +39,6 @@ back to releasing on the snapshot and restoring it exactly). The caller's snapsh
 from __future__ import annotations
 
 import heapq
-import time
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -68,8 +67,6 @@ _IMPROVE_ATTEMPTS = 24
 """Victims the improvement pass tries to replace (the most expensive first), when every candidate may replace them."""
 _IMPROVE_ATTEMPTS_NEIGHBOURS = 8
 """Likewise on large instances, where only neighbours may (the greedy's picks there rarely have a cheaper swap)."""
-_IMPROVE_SECONDS = 0.05
-"""Wall-clock guard for the improvement pass on huge instances; the attempt cap binds first on small ones."""
 _IMPROVE_EVERYONE_GANGS = 100
 """Up to this many candidates, a victim's replacement may come from any of them; above, from its neighbours."""
 
@@ -479,8 +476,10 @@ class EvictionSearch:
         try:
             plan = plan_gang(ReleasedView(self.snapshot, released), request)
         except AttributeError:
-            # plan_gang asked the view something it does not overlay: release on the snapshot itself.
-            plan = with_released(self.snapshot, released, lambda: plan_gang(self.snapshot, request))
+            # plan_gang asked the view something it does not overlay: release on a private copy, so
+            # the caller's snapshot (the operator's journaled one) is never touched.
+            scratch = self.snapshot.copy()
+            plan = with_released(scratch, released, lambda: plan_gang(scratch, request))
         return plan if isinstance(plan, PlacementPlan) else None
 
     # -- internals -----------------------------------------------------------------------------
@@ -573,9 +572,9 @@ class EvictionSearch:
             for hi in sorted({lo + 1, lim}):
                 if lo < hi <= lim:
                     delta = self._delta(v, lo, hi)
+                    if not delta:
+                        continue
                     victim = self.victims[v]
-                    if not delta or victim.cost[hi] <= victim.cost[lo]:
-                        continue  # frees nothing here (or GPUs listed as 0): never worth a victim
                     if pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
                         gain = {}
                         for replica_gain in victim.replica_gain[victim.first(hi) : victim.first(lo)]:
@@ -670,14 +669,13 @@ class EvictionSearch:
         few (`everyone`), else from its neighbours (gangs on the same supernodes). When the greedy
         stalls on releases that only help together, all those candidates go and pruning decides.
         """
-        deadline = time.perf_counter() + _IMPROVE_SECONDS
         best = self._choice(levels, st.groups).objective
         order = sorted(
             (v for v, level in enumerate(levels) if level),
             key=lambda v: (-self.victims[v].cost[levels[v]], v),
         )
         for v in order[: _IMPROVE_ATTEMPTS if everyone else _IMPROVE_ATTEMPTS_NEIGHBOURS]:
-            if not levels[v] or time.perf_counter() > deadline:
+            if not levels[v]:  # no wall-clock guard: the same cluster must give the same plan under any load
                 continue
             saved = list(levels)
             cost = self.victims[v].cost[levels[v]]
