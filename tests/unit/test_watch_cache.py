@@ -196,3 +196,31 @@ def test_a_label_no_selector_reads_does_not_touch_membership_or_the_snapshot():
     cluster.nodes["nvl72-0000-n01"] = dataclasses.replace(view, labels={**view.labels, "team": "a"})
     run(cluster, controller, cycles=1)
     assert (controller.cache.membership_version, controller.keeper.rebuilds) == (version, rebuilds)
+
+
+class FlakyStatus(FakeCluster):
+    """Each object's first status patch fails, as Api.patch_status reports a 429 or a timeout."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.failed: set[tuple] = set()
+
+    def patch_status(self, kind, namespace, name, status):
+        if (kind, namespace, name) not in self.failed:
+            self.failed.add((kind, namespace, name))
+            self._log("patch_status", (kind, name))
+            return False
+        return super().patch_status(kind, namespace, name, status)
+
+
+def test_a_supernode_status_that_failed_to_write_is_written_by_the_next_cycle():
+    cluster = FlakyStatus("nvl72", 2)
+    controller = Controller(cluster, FixedClock(NOW))
+    controller.cycle(cluster.state())
+    assert cluster.status("Supernode", None, "nvl72-0000") == {}
+    controller.cycle(cluster.state())
+    assert cluster.status("Supernode", None, "nvl72-0000")["gpus"]["total"] == 72
+    assert cluster.status("Supernode", None, "nvl72-0001")["gpus"]["total"] == 72
+    cluster.calls.clear()
+    run(cluster, controller, cycles=2)
+    assert not [c for c in cluster.calls if c[0] == "patch_status"], "written once, then left alone"

@@ -239,8 +239,10 @@ class Controller:
                 and not (member and any(n in changed for n in member.nodes))
             ):
                 continue
-            update_supernode(cyc, view, member)
-            self._supernodes_seen[name] = (view, member)
+            if update_supernode(cyc, view, member):
+                self._supernodes_seen[name] = (view, member)
+            else:  # not written (say, 429 while the API server's storage initializes): again next cycle
+                self._supernodes_seen.pop(name, None)
         for name in [n for n in self._supernodes_seen if n not in cyc.state.supernodes]:
             del self._supernodes_seen[name]
 
