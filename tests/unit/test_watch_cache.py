@@ -198,6 +198,30 @@ def test_a_label_no_selector_reads_does_not_touch_membership_or_the_snapshot():
     assert (controller.cache.membership_version, controller.keeper.rebuilds) == (version, rebuilds)
 
 
+def test_a_queued_listing_supersedes_the_events_before_it_not_those_after():
+    cluster = FakeCluster("nvl72", 1)
+    cache = WatchCache()
+
+    def pod(name: str):
+        return pod_view({"metadata": {"name": name, "namespace": "x", "uid": name, "labels": {labels.JOB: "j"}}})
+
+    cache.feed("pod", ("x", "old"), pod("old"))  # queued before the listing: in it, or superseded by it
+    cache.resync(cluster.state())
+    cache.feed("pod", ("x", "new"), pod("new"))
+    assert cache.drain() == 1
+    assert set(cache.pods) == {("x", "new")} and len(cache.nodes) == 18 and set(cache.supernodes) == {"nvl72-0000"}
+
+
+def test_a_listing_given_to_a_cycle_that_could_not_run_waits_for_the_next_one():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    with controller.lock:  # a metrics scrape
+        assert controller.cycle(cluster.state()) is None
+    assert controller.cycle() is not None
+    assert len(controller.cache.nodes) == 18
+    assert cluster.status("Supernode", None, "nvl72-0000")["gpus"]["total"] == 72
+
+
 class FlakyStatus(FakeCluster):
     """Each object's first status patch fails, as Api.patch_status reports a 429 or a timeout."""
 

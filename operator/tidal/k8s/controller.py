@@ -36,6 +36,8 @@ class ControllerSettings:
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
     max_cycle_age_seconds: float = 120.0
     """/healthz fails when timers fire but no cycle has finished for this long."""
+    resync_seconds: float = 300.0
+    """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Controller:
         self.last_tick = 0.0
         self.last_finished = time.monotonic()
         """When the last cycle ended (or the controller was made): /healthz checks its age."""
+        self._next_resync = 0.0
+        """When the cache is next brought to a full listing (0: at the first tick)."""
         self.listeners: list[Any] = []
         self.cache = WatchCache(self.settings.supernode_label)
         self.keeper = SnapshotKeeper()
@@ -78,18 +82,37 @@ class Controller:
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
 
+    def claim(self) -> bool:
+        """On the event loop: True if a cycle may start now. The slot is taken at once, so the ticks
+        of many objects in the same instant start one cycle, not one each."""
+        if not self.due():
+            return False
+        self._last_start = time.monotonic()
+        return True
+
+    def resync_due(self) -> bool:
+        """True (once per `resync_seconds`, and at the first call) when the caller should queue a
+        full listing (`cache.resync`)."""
+        now = time.monotonic()
+        if now < self._next_resync:
+            return False
+        self._next_resync = now + self.settings.resync_seconds
+        return True
+
     def cycle(self, state: ClusterState | None = None) -> CycleReport | None:
-        """One cycle over the watch cache; with `state` (a full listing) the cache is first brought
-        to it by difference (tests and the benchmark), otherwise queued watch events are applied."""
+        """One cycle over the watch cache: queued watch events are applied first; `state` (a full
+        listing: tests and the benchmark) supersedes the events queued before it.
+
+        Returns None when another cycle or a metrics scrape holds the lock (the queue, listings
+        included, waits for the next cycle), or when the cycle failed."""
+        if state is not None:
+            self.cache.resync(state)
         if not self.lock.acquire(blocking=False):
             return None
         try:
             self._last_start = time.monotonic()
             try:
-                if state is not None:
-                    self.cache.sync(state)
-                else:
-                    self.cache.drain()
+                self.cache.drain()
                 report = self._cycle()
             except Exception:
                 # Never let one bad cycle make kopf back off the timers: log it, try again next tick.
