@@ -1,15 +1,22 @@
 """The kopf wiring (k8s/handlers.py), driven in process in kopf's order (tests/unit/kopf_sim.py):
 no listing or event is lost when the cycle it was queued for does not run or when it races an
-index function; ticks of many objects start one cycle."""
+index function; ticks of many objects start one cycle; a failing cycle is logged as an error, the
+next one starts from a full listing, and /healthz fails while none finishes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 from typing import Any
 
+import kopf
+import pytest
+import structlog
+
 from tidal.clock import FixedClock
+from tidal.k8s import handlers
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.state import NodeView, ResourceView
 from tidal.k8s.supernodes import DEFAULT_ACCELERATORS
@@ -143,3 +150,48 @@ def test_ticks_of_many_objects_in_one_instant_start_one_cycle():
     asyncio.run(scenario())
     assert controller.cycles == 1
     assert all(gpus_total(cluster, f"nvl72-000{i}") == 72 for i in range(4))
+
+
+def test_a_failing_cycle_is_an_error_restarts_from_a_listing_and_fails_healthz():
+    cluster, controller, sim, (first,) = setup(1, max_cycle_age_seconds=0.0)
+
+    async def scenario(logs: list[dict[str, Any]]) -> None:
+        await list_nodes(cluster, sim)
+        await sim.event("supernodes", first)
+        await sim.tick("supernodes", first)
+        assert gpus_total(cluster, "nvl72-0000") == 72
+        cycles = controller.cycles
+
+        # A bad event makes the drain fail halfway: what was queued with it is lost to the cache.
+        node = next(iter(cluster.nodes.values()))
+        controller.cache.feed("no-such-kind", "x", None)
+        await sim.event("nodes", node_body(dataclasses.replace(node, ready=False)))
+        await sim.tick("supernodes", first)
+        assert controller.cycles == cycles and controller.failures == 1
+        assert any(e["event"] == "cycle failed" and e["log_level"] == "error" for e in logs)
+        with pytest.raises(kopf.PermanentError):
+            handlers.cycle_age(memo=sim.memos[first["metadata"]["uid"]])
+        assert controller.stuck_report() is not None
+
+        await sim.tick("supernodes", first)  # restarts from a full copy of the indices
+        assert controller.cycles == cycles + 1 and controller.failures == 0
+        assert not controller.cache.nodes[node.name].ready, "the lost event came back with the listing"
+        assert cluster.status("Supernode", None, "nvl72-0000")["readyNodes"] == 17
+        handlers.cycle_age(memo=sim.memos[first["metadata"]["uid"]])
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(scenario(logs))
+
+
+def test_a_failing_listener_neither_fails_the_cycle_nor_escapes_it():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("metrics bug")
+
+    controller.listeners.append(broken)
+    with structlog.testing.capture_logs() as logs:
+        assert controller.cycle(cluster.state()) is not None
+    assert controller.cycles == 1 and controller.failures == 0
+    assert any(e["event"] == "cycle listener failed" and e["log_level"] == "error" for e in logs)

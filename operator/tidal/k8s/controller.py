@@ -69,6 +69,9 @@ class Controller:
         """When the last cycle ended (or the controller was made): /healthz checks its age."""
         self._next_resync = 0.0
         """When the cache is next brought to a full listing (0: at the first tick)."""
+        self.failures = 0
+        """Cycles failed in a row (reset by one that finishes)."""
+        self._stuck_logged = 0.0
         self.listeners: list[Any] = []
         self.cache = WatchCache(self.settings.supernode_label)
         self.keeper = SnapshotKeeper()
@@ -91,8 +94,8 @@ class Controller:
         return True
 
     def resync_due(self) -> bool:
-        """True (once per `resync_seconds`, and at the first call) when the caller should queue a
-        full listing (`cache.resync`)."""
+        """True (once per `resync_seconds`, at the first call, and after a failed cycle) when the
+        caller should queue a full listing (`cache.resync`)."""
         now = time.monotonic()
         if now < self._next_resync:
             return False
@@ -104,7 +107,9 @@ class Controller:
         listing: tests and the benchmark) supersedes the events queued before it.
 
         Returns None when another cycle or a metrics scrape holds the lock (the queue, listings
-        included, waits for the next cycle), or when the cycle failed."""
+        included, waits for the next cycle), or when the cycle failed: that is logged as an error,
+        the next cycle starts from a full listing and rebuilt derived state, and /healthz fails
+        if no cycle finishes for `max_cycle_age_seconds`."""
         if state is not None:
             self.cache.resync(state)
         if not self.lock.acquire(blocking=False):
@@ -115,18 +120,46 @@ class Controller:
                 self.cache.drain()
                 report = self._cycle()
             except Exception:
-                # Never let one bad cycle make kopf back off the timers: log it, try again next tick.
-                log.exception("cycle failed")
+                # Never let one bad cycle make kopf back off the timers: log it, restart from the truth.
+                self.failures += 1
+                log.exception("cycle failed", failures_in_a_row=self.failures)
+                self._restart()
                 return None
             report.seconds = time.monotonic() - self._last_start
             self.last_report = report
             self.cycles += 1
+            self.failures = 0
             self.last_finished = time.monotonic()
             for listener in self.listeners:
-                listener(self, report)
+                try:
+                    listener(self, report)
+                except Exception:  # metrics must never stop the cycle (nor make kopf back off the timer)
+                    log.exception("cycle listener failed", listener=getattr(listener, "__qualname__", repr(listener)))
             return report
         finally:
             self.lock.release()
+
+    def _restart(self) -> None:
+        """After a failed cycle: whatever it half-updated is rebuilt. The next tick queues a full
+        listing; the snapshot, bookings, settled jobs, supernode statuses and queue marks start over."""
+        self._next_resync = 0.0
+        self.cache.invalidate_memberships()
+        self.keeper = SnapshotKeeper()
+        self._settled.clear()
+        self._supernodes_seen.clear()
+        self._overbooked.clear()
+        self.pending_memo.clear()
+
+    def stuck_report(self) -> str | None:
+        """A message to log when the cycle is stuck (at most once per `max_cycle_age_seconds`)."""
+        if not self.stuck():
+            return None
+        now = time.monotonic()
+        if now - self._stuck_logged < self.settings.max_cycle_age_seconds:
+            return None
+        self._stuck_logged = now
+        what = "a cycle has been running" if self.lock.locked() else "cycles keep failing or being skipped"
+        return f"no controller cycle finished for {self.seconds_since_cycle():.0f}s: {what}"
 
     def seconds_since_cycle(self) -> float:
         return time.monotonic() - self.last_finished

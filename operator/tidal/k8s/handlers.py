@@ -27,11 +27,14 @@ import time
 from typing import Any
 
 import kopf
+import structlog
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s.controller import Controller
 from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view
 from tidal.k8s.supernodes import discover
+
+log = structlog.get_logger("tidal")
 
 TICK_SECONDS = 1.0
 
@@ -173,6 +176,9 @@ def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
 async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
     controller.last_tick = time.monotonic()
+    stuck = controller.stuck_report()
+    if stuck:
+        log.error("controller stuck", message=stuck, failures_in_a_row=controller.failures)
     if not controller.claim():
         return
     if controller.resync_due():
