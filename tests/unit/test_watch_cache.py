@@ -196,3 +196,55 @@ def test_a_label_no_selector_reads_does_not_touch_membership_or_the_snapshot():
     cluster.nodes["nvl72-0000-n01"] = dataclasses.replace(view, labels={**view.labels, "team": "a"})
     run(cluster, controller, cycles=1)
     assert (controller.cache.membership_version, controller.keeper.rebuilds) == (version, rebuilds)
+
+
+def test_a_queued_listing_supersedes_the_events_before_it_not_those_after():
+    cluster = FakeCluster("nvl72", 1)
+    cache = WatchCache()
+
+    def pod(name: str):
+        return pod_view({"metadata": {"name": name, "namespace": "x", "uid": name, "labels": {labels.JOB: "j"}}})
+
+    cache.feed("pod", ("x", "old"), pod("old"))  # queued before the listing: in it, or superseded by it
+    cache.resync(cluster.state())
+    cache.feed("pod", ("x", "new"), pod("new"))
+    assert cache.drain() == 1
+    assert set(cache.pods) == {("x", "new")} and len(cache.nodes) == 18 and set(cache.supernodes) == {"nvl72-0000"}
+
+
+def test_a_listing_given_to_a_cycle_that_could_not_run_waits_for_the_next_one():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    with controller.lock:  # a metrics scrape
+        assert controller.cycle(cluster.state()) is None
+    assert controller.cycle() is not None
+    assert len(controller.cache.nodes) == 18
+    assert cluster.status("Supernode", None, "nvl72-0000")["gpus"]["total"] == 72
+
+
+class FlakyStatus(FakeCluster):
+    """Each object's first status patch fails, as Api.patch_status reports a 429 or a timeout."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.failed: set[tuple] = set()
+
+    def patch_status(self, kind, namespace, name, status):
+        if (kind, namespace, name) not in self.failed:
+            self.failed.add((kind, namespace, name))
+            self._log("patch_status", (kind, name))
+            return False
+        return super().patch_status(kind, namespace, name, status)
+
+
+def test_a_supernode_status_that_failed_to_write_is_written_by_the_next_cycle():
+    cluster = FlakyStatus("nvl72", 2)
+    controller = Controller(cluster, FixedClock(NOW))
+    controller.cycle(cluster.state())
+    assert cluster.status("Supernode", None, "nvl72-0000") == {}
+    controller.cycle(cluster.state())
+    assert cluster.status("Supernode", None, "nvl72-0000")["gpus"]["total"] == 72
+    assert cluster.status("Supernode", None, "nvl72-0001")["gpus"]["total"] == 72
+    cluster.calls.clear()
+    run(cluster, controller, cycles=2)
+    assert not [c for c in cluster.calls if c[0] == "patch_status"], "written once, then left alone"

@@ -38,6 +38,8 @@ class ControllerSettings:
     """/healthz fails when timers fire but no cycle has finished for this long."""
     defragment: bool = True
     """Move preemptible work (checkpoint-first) when a queued gang is blocked only by fragmentation."""
+    resync_seconds: float = 300.0
+    """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
 
 
 @dataclass
@@ -67,6 +69,11 @@ class Controller:
         self.last_tick = 0.0
         self.last_finished = time.monotonic()
         """When the last cycle ended (or the controller was made): /healthz checks its age."""
+        self._next_resync = 0.0
+        """When the cache is next brought to a full listing (0: at the first tick)."""
+        self.failures = 0
+        """Cycles failed in a row (reset by one that finishes)."""
+        self._stuck_logged = 0.0
         self.listeners: list[Any] = []
         self.cache = WatchCache(self.settings.supernode_label)
         self.keeper = SnapshotKeeper()
@@ -80,32 +87,81 @@ class Controller:
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
 
+    def claim(self) -> bool:
+        """On the event loop: True if a cycle may start now. The slot is taken at once, so the ticks
+        of many objects in the same instant start one cycle, not one each."""
+        if not self.due():
+            return False
+        self._last_start = time.monotonic()
+        return True
+
+    def resync_due(self) -> bool:
+        """True (once per `resync_seconds`, at the first call, and after a failed cycle) when the
+        caller should queue a full listing (`cache.resync`)."""
+        now = time.monotonic()
+        if now < self._next_resync:
+            return False
+        self._next_resync = now + self.settings.resync_seconds
+        return True
+
     def cycle(self, state: ClusterState | None = None) -> CycleReport | None:
-        """One cycle over the watch cache; with `state` (a full listing) the cache is first brought
-        to it by difference (tests and the benchmark), otherwise queued watch events are applied."""
+        """One cycle over the watch cache: queued watch events are applied first; `state` (a full
+        listing: tests and the benchmark) supersedes the events queued before it.
+
+        Returns None when another cycle or a metrics scrape holds the lock (the queue, listings
+        included, waits for the next cycle), or when the cycle failed: that is logged as an error,
+        the next cycle starts from a full listing and rebuilt derived state, and /healthz fails
+        if no cycle finishes for `max_cycle_age_seconds`."""
+        if state is not None:
+            self.cache.resync(state)
         if not self.lock.acquire(blocking=False):
             return None
         try:
             self._last_start = time.monotonic()
             try:
-                if state is not None:
-                    self.cache.sync(state)
-                else:
-                    self.cache.drain()
+                self.cache.drain()
                 report = self._cycle()
             except Exception:
-                # Never let one bad cycle make kopf back off the timers: log it, try again next tick.
-                log.exception("cycle failed")
+                # Never let one bad cycle make kopf back off the timers: log it, restart from the truth.
+                self.failures += 1
+                log.exception("cycle failed", failures_in_a_row=self.failures)
+                self._restart()
                 return None
             report.seconds = time.monotonic() - self._last_start
             self.last_report = report
             self.cycles += 1
+            self.failures = 0
             self.last_finished = time.monotonic()
             for listener in self.listeners:
-                listener(self, report)
+                try:
+                    listener(self, report)
+                except Exception:  # metrics must never stop the cycle (nor make kopf back off the timer)
+                    log.exception("cycle listener failed", listener=getattr(listener, "__qualname__", repr(listener)))
             return report
         finally:
             self.lock.release()
+
+    def _restart(self) -> None:
+        """After a failed cycle: whatever it half-updated is rebuilt. The next tick queues a full
+        listing; the snapshot, bookings, settled jobs, supernode statuses and queue marks start over."""
+        self._next_resync = 0.0
+        self.cache.invalidate_memberships()
+        self.keeper = SnapshotKeeper()
+        self._settled.clear()
+        self._supernodes_seen.clear()
+        self._overbooked.clear()
+        self.pending_memo.clear()
+
+    def stuck_report(self) -> str | None:
+        """A message to log when the cycle is stuck (at most once per `max_cycle_age_seconds`)."""
+        if not self.stuck():
+            return None
+        now = time.monotonic()
+        if now - self._stuck_logged < self.settings.max_cycle_age_seconds:
+            return None
+        self._stuck_logged = now
+        what = "a cycle has been running" if self.lock.locked() else "cycles keep failing or being skipped"
+        return f"no controller cycle finished for {self.seconds_since_cycle():.0f}s: {what}"
 
     def seconds_since_cycle(self) -> float:
         return time.monotonic() - self.last_finished
@@ -243,8 +299,10 @@ class Controller:
                 and not (member and any(n in changed for n in member.nodes))
             ):
                 continue
-            update_supernode(cyc, view, member)
-            self._supernodes_seen[name] = (view, member)
+            if update_supernode(cyc, view, member):
+                self._supernodes_seen[name] = (view, member)
+            else:  # not written (say, 429 while the API server's storage initializes): again next cycle
+                self._supernodes_seen.pop(name, None)
         for name in [n for n in self._supernodes_seen if n not in cyc.state.supernodes]:
             del self._supernodes_seen[name]
 

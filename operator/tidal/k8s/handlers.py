@@ -1,11 +1,18 @@
 """kopf wiring: watch events feed the controller's incremental cache; timers drive the cycle.
 
-The kopf indices stay (kopf starts no timer before every index has its first listing, so the first
-cycle never sees half a cluster); each index function also feeds its view to the controller's
-`WatchCache` (an append), and deletions arrive through `on.event`. The cycle runs in a worker
-thread and applies the queued events itself, so the event loop (watches, probes, peering) is
-never blocked by planning. Every few minutes the indices are copied once and the cache is brought
-to them by difference, in case an event was lost (say, across a peering pause).
+The kopf indices stay: kopf starts no timer before every index has its first listing, so the first
+cycle starts from a full copy of them and never sees half a cluster; every `resync_seconds` the
+cache is brought to a fresh copy by difference, in case an event was lost (say, across a peering
+pause). Watch events reach the cache through `on.event` handlers (`feed_*`), never from the index
+functions: kopf stores an index function's result only after the function returns (it runs in a
+thread), so an event fed from there could be queued before a copy of the indices that lacks it,
+and be dropped with everything the copy supersedes. A handler runs after kopf stored the event in
+the index, on the event loop, where the copies are made too: an event queued before a copy is in
+it. The index function leaves its view in the object's memo, so the handler feeds the very object
+the index holds.
+
+The copy is queued like an event (`WatchCache.resync`) and applied by whichever cycle drains it, in
+the cycle's worker thread; the event loop (watches, probes, peering) never waits for planning.
 
 Every handler here is paused by kopf peering when a higher-priority tidal replica is active, so
 two replicas never both act. Timers on Supernodes and TrainingJobs call the same rate-limited
@@ -20,14 +27,16 @@ import time
 from typing import Any
 
 import kopf
+import structlog
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s.controller import Controller
 from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view
 from tidal.k8s.supernodes import discover
 
+log = structlog.get_logger("tidal")
+
 TICK_SECONDS = 1.0
-RESYNC_SECONDS = 300.0
 
 
 @kopf.on.startup()
@@ -44,23 +53,46 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # A replica that died without saying goodbye blocks its peers until its record expires:
     # keep that short so a crashed operator is replaced within seconds, not a minute.
     settings.peering.lifetime = 15
+    quiet = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietFeeds) for f in quiet.filters):
+        quiet.addFilter(_QuietFeeds())
 
 
-def _feed(memo: kopf.Memo, kind: str, key: Any, view: Any) -> None:
-    controller = getattr(memo, "controller", None)
-    if controller is not None:
-        controller.cache.feed(kind, key, view)
+_VIEW = "tidal_view"
+"""Memo key: the view an index function made for the event being processed (kopf processes one
+object's events one at a time, index functions first, so the feed handler finds it there)."""
+
+# Our feed handlers succeed on every watch event; kopf logs each success at INFO (the index
+# functions they replace were terse). Failures are still logged.
+_QUIET = ("feed_nodes", "feed_pods", "feed_supernodes", "feed_jobs", "feed_pools")
 
 
-def _deleted(event: dict[str, Any], **_: Any) -> bool:
-    return event.get("type") == "DELETED"
+class _QuietFeeds(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        message = record.getMessage()
+        return not (message.endswith(" succeeded.") and any(f"'{h}'" in message for h in _QUIET))
+
+
+def _indexed(memo: kopf.Memo, view: Any) -> Any:
+    memo[_VIEW] = view
+    return view
+
+
+def _feed(memo: kopf.Memo, event: dict[str, Any], kind: str, key: Any, make: Any, body: kopf.Body) -> None:
+    """Queue this event for the cache: the indexed view, or None when the object was deleted."""
+    view = memo.pop(_VIEW, None)
+    if event.get("type") == "DELETED":
+        view = None
+    elif view is None:  # the index function failed (kopf logged it): the cache still learns the change
+        view = make(dict(body))
+    memo.controller.cache.feed(kind, key, view)
 
 
 @kopf.index("", "v1", "nodes")
 def tidal_nodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-    view = node_view(dict(body))
-    _feed(memo, "node", name, view)
-    return {name: view}
+    return {name: _indexed(memo, node_view(dict(body)))}
 
 
 def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
@@ -77,55 +109,54 @@ def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
 
 @kopf.index("", "v1", "pods", when=_interesting_pod)
 def tidal_pods(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-    view = pod_view(dict(body))
-    _feed(memo, "pod", (namespace, name), view)
-    return {(namespace, name): view}
+    return {(namespace, name): _indexed(memo, pod_view(dict(body)))}
 
 
 @kopf.index(API_GROUP, API_VERSION, "supernodes")
 def tidal_supernodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-    view = resource_view(dict(body))
-    _feed(memo, "supernode", name, view)
-    return {name: view}
+    return {name: _indexed(memo, resource_view(dict(body)))}
 
 
 @kopf.index(API_GROUP, API_VERSION, "trainingjobs")
 def tidal_jobs(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-    view = resource_view(dict(body))
-    _feed(memo, "job", (namespace, name), view)
-    return {(namespace, name): view}
+    return {(namespace, name): _indexed(memo, resource_view(dict(body)))}
 
 
 @kopf.index(API_GROUP, API_VERSION, "inferencepools")
 def tidal_pools(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-    view = resource_view(dict(body))
-    _feed(memo, "pool", (namespace, name), view)
-    return {(namespace, name): view}
+    return {(namespace, name): _indexed(memo, resource_view(dict(body)))}
 
 
-@kopf.on.event("", "v1", "nodes", when=_deleted)
-def node_gone(name: str, memo: kopf.Memo, **_: Any) -> None:
-    _feed(memo, "node", name, None)
+# async: on the event loop, after kopf stored the event in the index (see the module docstring).
+@kopf.on.event("", "v1", "nodes")
+async def feed_nodes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, event, "node", name, node_view, body)
 
 
-@kopf.on.event("", "v1", "pods", when=_deleted)
-def pod_gone(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    _feed(memo, "pod", (namespace, name), None)
+@kopf.on.event("", "v1", "pods", when=_interesting_pod)
+async def feed_pods(
+    namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    _feed(memo, event, "pod", (namespace, name), pod_view, body)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "supernodes", when=_deleted)
-def supernode_gone(name: str, memo: kopf.Memo, **_: Any) -> None:
-    _feed(memo, "supernode", name, None)
+@kopf.on.event(API_GROUP, API_VERSION, "supernodes")
+async def feed_supernodes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, event, "supernode", name, resource_view, body)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "trainingjobs", when=_deleted)
-def job_gone(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    _feed(memo, "job", (namespace, name), None)
+@kopf.on.event(API_GROUP, API_VERSION, "trainingjobs")
+async def feed_jobs(
+    namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    _feed(memo, event, "job", (namespace, name), resource_view, body)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "inferencepools", when=_deleted)
-def pool_gone(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    _feed(memo, "pool", (namespace, name), None)
+@kopf.on.event(API_GROUP, API_VERSION, "inferencepools")
+async def feed_pools(
+    namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    _feed(memo, event, "pool", (namespace, name), resource_view, body)
 
 
 def _single(index: kopf.Index) -> dict[Any, Any]:
@@ -145,17 +176,17 @@ def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
 async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
     controller.last_tick = time.monotonic()
-    if not controller.due():
+    stuck = controller.stuck_report()
+    if stuck:
+        log.error("controller stuck", message=stuck, failures_in_a_row=controller.failures)
+    if not controller.claim():
         return
-    state = None
-    if time.monotonic() - getattr(memo, "resynced", -RESYNC_SECONDS) >= RESYNC_SECONDS:
-        # A full copy of the indices, rarely: the cache is brought to it by difference. Events
-        # queued so far are older than this copy, so they are dropped here, on the loop that feeds them.
-        state = state_from({k: v for k, v in kwargs.items() if k.startswith("tidal_")})
-        controller.cache.discard_events()
-        memo.resynced = time.monotonic()
+    if controller.resync_due():
+        # A full copy of the indices (at the first tick, then rarely), queued for the cycle: it
+        # supersedes the events queued before it, which are all in it (fed after kopf indexed them).
+        controller.cache.resync(state_from({k: v for k, v in kwargs.items() if k.startswith("tidal_")}))
     # Planning is CPU-bound Python: a worker thread keeps kopf's watches, probes and peering going.
-    await asyncio.to_thread(controller.cycle, state)
+    await asyncio.to_thread(controller.cycle)
 
 
 @kopf.on.probe(id="cycle")

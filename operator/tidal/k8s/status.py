@@ -76,11 +76,12 @@ class StatusWriter:
         return written
 
     def write(self, view: ResourceView, status: dict[str, Any]) -> bool:
-        """Send `status` if it differs from the effective one; keys it lacks are removed."""
+        """Send `status` if it differs from the effective one; keys it lacks are removed.
+        Returns False only when the patch failed (the caller must try again), else True."""
         status = {k: v for k, v in status.items() if v is not None}
         current = self.effective(view)
         if all(current.get(k) == v for k, v in status.items()) and set(current) <= set(status) | _defaulted(current):
-            return False
+            return True
         wire = compact.to_wire(status) if view.kind == "TrainingJob" else status
         _MODELS[view.kind].model_validate(wire)
         wire_current = compact.to_wire(current) if view.kind == "TrainingJob" else current

@@ -46,10 +46,11 @@ def supernode_status(cyc: Cycle, view: ResourceView, member: Membership | None) 
     return status
 
 
-def update_supernode(cyc: Cycle, view: ResourceView, member: Membership | None) -> None:
+def update_supernode(cyc: Cycle, view: ResourceView, member: Membership | None) -> bool:
+    """Write the status if it changed; False if the write failed (the next cycle tries again)."""
     # set_condition keeps lastTransitionTime for an unchanged condition, so a steady supernode
     # compares equal and is not rewritten.
-    cyc.writer.write(view, supernode_status(cyc, view, member))
+    return cyc.writer.write(view, supernode_status(cyc, view, member))
 
 
 def supernode_name(label_value: str) -> str:

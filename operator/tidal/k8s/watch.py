@@ -19,7 +19,9 @@ cluster changes" rule).
 
 Events are fed from kopf handlers on the event loop (`feed`: an append) and applied by the cycle
 thread (`drain`), so the event loop never waits for a cycle and the cycle never sees a half-applied
-change.
+change. A full listing (`resync`) is queued like an event, never applied on the loop: whichever
+cycle drains it brings the cache to it and then applies only the events fed after it, so no event
+is lost when that cycle is skipped or late.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
 OwnerKey = tuple[str, str | None, str]
+_LISTING: Any = object()  # the kind of a queued full listing
 
 
 class WatchCache:
@@ -57,23 +60,33 @@ class WatchCache:
         self._members: dict[str, Membership] | None = None
         self._last_members: dict[str, Membership] | None = None
         self.membership_version = 0
-        self._events: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        self._events: collections.deque[tuple[Any, Any, Any]] = collections.deque()
 
     # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
     def feed(self, kind: str, key: Any, view: Any) -> None:
         """Record a watch event: `view` is the new object, or None when it was deleted."""
         self._events.append((kind, key, view))
 
-    def discard_events(self) -> None:
-        self._events.clear()
+    def resync(self, state: ClusterState) -> None:
+        """Queue a full listing. The drain that reaches it brings the cache to it by difference and
+        drops the events queued before it (each is already in the listing, or older than what it
+        holds: events must be fed only after the listing's source has them, see k8s/handlers.py)."""
+        self._events.append((_LISTING, None, state))
+
+    @property
+    def queued(self) -> int:
+        return len(self._events)
 
     def drain(self) -> int:
-        n = 0
-        while self._events:
-            kind, key, view = self._events.popleft()
+        """Apply what was queued when the drain began (in order); returns the events applied."""
+        batch = [self._events.popleft() for _ in range(len(self._events))]
+        last = max((i for i, (kind, _, _) in enumerate(batch) if kind is _LISTING), default=None)
+        if last is not None:
+            self.sync(batch[last][2])
+            batch = batch[last + 1 :]
+        for kind, key, view in batch:
             self.apply(kind, key, view)
-            n += 1
-        return n
+        return len(batch)
 
     def apply(self, kind: str, key: Any, view: Any) -> None:
         if kind == "node":
@@ -224,6 +237,10 @@ class WatchCache:
                 self.membership_version += 1
             self._members = self._last_members = result
         return self._members
+
+    def invalidate_memberships(self) -> None:
+        """Recompute membership at the next call, as a new answer (the snapshot is rebuilt)."""
+        self._members = self._last_members = None
 
     def take_dirty(self) -> tuple[set[OwnerKey], set[str]]:
         owners, nodes = self.dirty_owners, self.dirty_nodes

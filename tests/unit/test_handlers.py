@@ -1,0 +1,197 @@
+"""The kopf wiring (k8s/handlers.py), driven in process in kopf's order (tests/unit/kopf_sim.py):
+no listing or event is lost when the cycle it was queued for does not run or when it races an
+index function; ticks of many objects start one cycle; a failing cycle is logged as an error, the
+next one starts from a full listing, and /healthz fails while none finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+from typing import Any
+
+import kopf
+import pytest
+import structlog
+
+from tidal.clock import FixedClock
+from tidal.k8s import handlers
+from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.state import NodeView, ResourceView
+from tidal.k8s.supernodes import DEFAULT_ACCELERATORS
+
+from .fake_cluster import FakeCluster
+from .kopf_sim import MiniKopf
+
+NOW = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+
+
+def node_body(view: NodeView) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": view.name, "uid": f"node-{view.name}", "labels": dict(view.labels)},
+        "spec": {"unschedulable": view.unschedulable},
+        "status": {
+            "allocatable": {k: str(v) for k, v in view.capacity.items()},
+            "conditions": [{"type": "Ready", "status": "True" if view.ready else "False"}],
+        },
+    }
+
+
+def object_body(view: ResourceView) -> dict[str, Any]:
+    meta = {"name": view.name, "uid": view.uid, "generation": view.generation, "creationTimestamp": view.created}
+    if view.namespace:
+        meta["namespace"] = view.namespace
+    return {
+        "apiVersion": "tidal.dev/v1alpha1",
+        "kind": view.kind,
+        "metadata": {**meta, "resourceVersion": view.resource_version},
+        "spec": view.spec,
+        "status": view.status,
+    }
+
+
+def setup(supernodes: int, **settings: Any) -> tuple[FakeCluster, Controller, MiniKopf, list[dict[str, Any]]]:
+    cluster = FakeCluster("nvl72", supernodes)
+    controller = Controller(cluster, FixedClock(NOW), ControllerSettings(**{"min_cycle_seconds": 0.0, **settings}))
+    sim = MiniKopf(controller=controller, discover_label=None, accelerators=DEFAULT_ACCELERATORS)
+    bodies = [object_body(v) for (kind, _, _), v in sorted(cluster.objects.items()) if kind == "Supernode"]
+    return cluster, controller, sim, bodies
+
+
+async def list_nodes(cluster: FakeCluster, sim: MiniKopf) -> None:
+    for view in cluster.nodes.values():
+        await sim.event("nodes", node_body(view))
+
+
+def gpus_total(cluster: FakeCluster, name: str) -> int | None:
+    return cluster.status("Supernode", None, name).get("gpus", {}).get("total")
+
+
+@contextlib.contextmanager
+def scrape_takes_the_lock_first(controller: Controller):
+    """The worker thread reaches the cycle while a /metrics scrape holds the controller's lock."""
+    cycle = controller.cycle
+
+    def skipped(*args: Any, **kwargs: Any) -> Any:
+        with controller.lock:
+            return cycle(*args, **kwargs)
+
+    controller.cycle = skipped  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del controller.cycle
+
+
+def test_a_listing_whose_cycle_was_skipped_is_applied_by_the_next_cycle():
+    """The cluster-test failure (no Supernode ever got a status): the first tick copied the indices
+    and dropped the queued events for a cycle that then found the lock taken; nothing queued that
+    listing again, so the cache stayed empty and every later cycle idled over it."""
+    cluster, controller, sim, (first, second) = setup(2)
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        await sim.event("supernodes", first)
+        with scrape_takes_the_lock_first(controller):
+            await sim.tick("supernodes", first)
+        assert controller.cycles == 0 and gpus_total(cluster, "nvl72-0000") is None
+
+        await sim.tick("supernodes", first)
+        assert controller.cycles == 1
+        assert gpus_total(cluster, "nvl72-0000") == 72, "the listing waited for the next cycle"
+
+        await sim.event("supernodes", second)  # discovered later: a watch event, no listing
+        await sim.tick("supernodes", first)
+        assert gpus_total(cluster, "nvl72-0001") == 72
+
+    asyncio.run(scenario())
+
+
+def test_an_event_indexed_while_the_indices_are_copied_is_not_lost():
+    """kopf runs an index function, and only then stores its result: a copy of the indices made in
+    between lacks the object, so the event must reach the cache after the store, not before."""
+    cluster, controller, sim, (first, second, third) = setup(3)
+    controller.settings.resync_seconds = 0.0  # every cycle starts from a copy of the indices
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        await sim.event("supernodes", first)
+        await sim.tick("supernodes", first)
+        assert gpus_total(cluster, "nvl72-0000") == 72
+
+        store = await sim.index("supernodes", second)  # the index function ran; kopf has not stored it yet
+        await sim.event("supernodes", third)
+        await sim.tick("supernodes", third)  # copies the indices: the second supernode is not in them
+        store()
+        await sim.handle("supernodes", second)
+        await sim.tick("supernodes", third)
+        assert set(controller.cache.supernodes) == {"nvl72-0000", "nvl72-0001", "nvl72-0002"}
+        assert gpus_total(cluster, "nvl72-0001") == 72
+
+        await sim.event("supernodes", second, type="DELETED")
+        await sim.tick("supernodes", third)
+        assert set(controller.cache.supernodes) == {"nvl72-0000", "nvl72-0002"}
+
+    asyncio.run(scenario())
+
+
+def test_ticks_of_many_objects_in_one_instant_start_one_cycle():
+    cluster, controller, sim, bodies = setup(4, min_cycle_seconds=60.0)
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        for body in bodies:
+            await sim.event("supernodes", body)
+        await asyncio.gather(*(sim.tick("supernodes", body) for body in bodies))
+
+    asyncio.run(scenario())
+    assert controller.cycles == 1
+    assert all(gpus_total(cluster, f"nvl72-000{i}") == 72 for i in range(4))
+
+
+def test_a_failing_cycle_is_an_error_restarts_from_a_listing_and_fails_healthz():
+    cluster, controller, sim, (first,) = setup(1, max_cycle_age_seconds=0.0)
+
+    async def scenario(logs: list[dict[str, Any]]) -> None:
+        await list_nodes(cluster, sim)
+        await sim.event("supernodes", first)
+        await sim.tick("supernodes", first)
+        assert gpus_total(cluster, "nvl72-0000") == 72
+        cycles = controller.cycles
+
+        # A bad event makes the drain fail halfway: what was queued with it is lost to the cache.
+        node = next(iter(cluster.nodes.values()))
+        controller.cache.feed("no-such-kind", "x", None)
+        await sim.event("nodes", node_body(dataclasses.replace(node, ready=False)))
+        await sim.tick("supernodes", first)
+        assert controller.cycles == cycles and controller.failures == 1
+        assert any(e["event"] == "cycle failed" and e["log_level"] == "error" for e in logs)
+        with pytest.raises(kopf.PermanentError):
+            handlers.cycle_age(memo=sim.memos[first["metadata"]["uid"]])
+        assert controller.stuck_report() is not None
+
+        await sim.tick("supernodes", first)  # restarts from a full copy of the indices
+        assert controller.cycles == cycles + 1 and controller.failures == 0
+        assert not controller.cache.nodes[node.name].ready, "the lost event came back with the listing"
+        assert cluster.status("Supernode", None, "nvl72-0000")["readyNodes"] == 17
+        handlers.cycle_age(memo=sim.memos[first["metadata"]["uid"]])
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(scenario(logs))
+
+
+def test_a_failing_listener_neither_fails_the_cycle_nor_escapes_it():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("metrics bug")
+
+    controller.listeners.append(broken)
+    with structlog.testing.capture_logs() as logs:
+        assert controller.cycle(cluster.state()) is not None
+    assert controller.cycles == 1 and controller.failures == 0
+    assert any(e["event"] == "cycle listener failed" and e["log_level"] == "error" for e in logs)
