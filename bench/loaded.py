@@ -25,6 +25,8 @@ class LoadedCluster:
     demand: GroupDemand
     mix: tuple[JobShape, ...]
     accelerator: str
+    shapes: dict[str, JobShape]
+    """The mix shape of every running job, by name."""
 
     def request(self, name: str, shape: JobShape, priority: int = 0) -> GangRequest:
         return GangRequest(name, shape.groups, shape.group_gpus, shape.gpus_per_pod, self.accelerator, priority)
@@ -46,7 +48,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
     mean_duration = 4 * 3600.0
     rate = 1.3 * total / (mean_gpus * mean_duration)
     demand = GroupDemand()
-    loaded = LoadedCluster(snapshot, {}, demand, mix, accelerator)
+    loaded = LoadedCluster(snapshot, {}, demand, mix, accelerator, {})
     departures: list[tuple[float, str]] = []
     now = 0.0
     for i in range(arrivals):
@@ -54,6 +56,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
         while departures and departures[0][0] <= now:
             _, name = heapq.heappop(departures)
             release_plan(snapshot, loaded.running.pop(name))
+            del loaded.shapes[name]
         shape_i = rng.choices(mix, weights)[0]
         demand.decay(0.98)
         demand.observe(accelerator, shape_i.group_gpus)
@@ -61,6 +64,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
         if isinstance(plan, PlacementPlan):
             apply_plan(snapshot, plan)
             loaded.running[plan.request.name] = plan
+            loaded.shapes[plan.request.name] = shape_i
             heapq.heappush(departures, (now + rng.expovariate(1 / mean_duration), plan.request.name))
     fillers = [s for s in mix if s.gpus <= 8]
     misses = 0
@@ -70,6 +74,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
         if isinstance(plan, PlacementPlan):
             apply_plan(snapshot, plan)
             loaded.running[plan.request.name] = plan
+            loaded.shapes[plan.request.name] = filler
         else:
             misses += 1
     return loaded

@@ -301,6 +301,17 @@ def loaded_cluster(shape: str, gpus: int, load: float, seed: int) -> tuple[Clust
     return snapshot, running
 
 
+def churned_running(shape: str, gpus: int, seed: int) -> tuple[ClusterSnapshot, list[RunningGang]]:
+    """The cluster `bench.loaded.churned_cluster` leaves at ~99% (arrivals and departures, so the
+    free GPUs are scattered as churn leaves them), its jobs given priorities and flags as above."""
+    from bench.loaded import churned_cluster
+
+    loaded = churned_cluster(shape, gpus, seed)
+    rng = random.Random(seed)
+    running = [_running(rng, loaded.shapes[name], plan) for name, plan in sorted(loaded.running.items())]
+    return loaded.snapshot, running
+
+
 def _smallest(mix: tuple[JobShape, ...], accelerator: str) -> GangRequest:
     job = min(mix, key=lambda s: s.gpus)
     return GangRequest("probe", job.groups, job.group_gpus, job.gpus_per_pod, accelerator=accelerator)
@@ -366,12 +377,13 @@ def timings_100k(
     gpus: int = 100_000,
     shapes: tuple[str, ...] = ("nvl72", "cm384", "hgx8"),
     baseline: bool = True,
+    churned: bool = True,
 ) -> dict:
     """p50s of plan_preemption (gang, pool) and plan_capacity (pool, binding budget) per shape."""
     out: dict[str, float | int | str] = {"cluster_gpus_target": gpus, "timing_repeats": repeats, "timing_seed": seed}
     worst = {"preempt": 0.0, "preempt_cpu": 0.0, "capacity": 0.0, "capacity_cpu": 0.0}
     for shape in shapes:
-        snapshot, running = loaded_cluster(shape, gpus, 0.99, seed)
+        snapshot, running = churned_running(shape, gpus, seed) if churned else loaded_cluster(shape, gpus, 0.99, seed)
         before = {n: v.allocated for n, v in snapshot.nodes.items()}
         out[f"{shape}_cluster_gpus"] = snapshot.total_gpus()
         out[f"{shape}_load"] = round(snapshot.allocated_gpus() / snapshot.total_gpus(), 4)
