@@ -34,3 +34,35 @@ def test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first():
     assert {"nvl72-0000-n16", "nvl72-0000-n17"} & set(new_nodes), "hot spares of the same rack first"
     assert ("delete_pod", "job-0") in cluster.calls
     assert any(v == "event" and d[1] == "Restarting" and "NotReady" in d[2] for v, d in cluster.calls)
+
+
+class TerminatingNamespace(FakeCluster):
+    """The API server refuses new content in a namespace being deleted (403), as for a Service."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.terminating: set[str] = set()
+
+    def ensure_service(self, body):
+        if body["metadata"]["namespace"] in self.terminating:
+            raise RuntimeError("403 Forbidden: namespace is being terminated")
+        super().ensure_service(body)
+
+
+def test_a_service_the_api_refuses_stops_neither_the_cycle_nor_other_jobs_and_is_retried_with_its_pods():
+    cluster = TerminatingNamespace("nvl72", 2)
+    spec = {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("TrainingJob", "going", "a", {**spec, "priority": 5})  # admitted first
+    cluster.add("TrainingJob", "ml", "b", spec)
+    cluster.terminating.add("going")
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    assert controller.cycles == 3 and controller.failures == 0
+    assert cluster.status("TrainingJob", "ml", "b")["phase"] == "Running"
+    assert cluster.status("TrainingJob", "going", "a")["phase"] == "Admitted", "placed and written"
+    assert not cluster.pods_of("tidal.dev/job", "a"), "no pods without their Service"
+
+    cluster.terminating.clear()  # say, the deletion was cancelled
+    run(cluster, controller)
+    assert ("create_service", "a") in cluster.calls
+    assert cluster.status("TrainingJob", "going", "a")["phase"] == "Running"

@@ -13,7 +13,7 @@ import structlog
 from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
-from tidal.k8s.labels import GANG_GATE
+from tidal.k8s.labels import GANG_GATE, JOB
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -35,6 +35,7 @@ class Cycle:
     pod_creates: list[dict[str, Any]] = field(default_factory=list)
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    services: list[dict[str, Any]] = field(default_factory=list)
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -98,22 +99,48 @@ class Cycle:
             self.ungates.extend((namespace, n, [GANG_GATE]) for n in gang if pods[n].gated)
         return missing
 
+    def ensure_service(self, body: dict[str, Any]) -> None:
+        """Create a gang's rendezvous Service (idempotent) before its pods, at the flush."""
+        self.services.append(body)
+
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
     def flush_pods(self) -> None:
-        """Deletes first (they free names and GPUs), then creates, then gate removals.
+        """Deletes first (they free names and GPUs), then Services, then creates, then gate removals.
 
         A failed call (say, a namespace being deleted) is logged and retried by the next cycle,
         which will find the same difference between placement and pods; it never stops the rest.
+        A gang whose Service could not be made gets no pods this time, so the next cycle finds
+        them missing and makes both.
         """
         if self.pod_deletes:
             self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
+        if self.services:
+
+            def create_service(body: dict[str, Any]) -> bool:
+                self.api.ensure_service(body)
+                return True
+
+            made = self.api.parallel(_logged(create_service), self.services)
+            failed = {_meta_key(body) for body, ok in zip(self.services, made, strict=True) if not ok}
+            if failed:
+                self.pod_creates = [
+                    p for p in self.pod_creates if (_meta(p)["namespace"], _meta(p)["labels"].get(JOB)) not in failed
+                ]
         if self.pod_creates:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
             self.api.parallel(_logged(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2])), self.ungates)
-        self.pod_deletes, self.pod_creates, self.ungates = [], [], []
+        self.pod_deletes, self.pod_creates, self.ungates, self.services = [], [], [], []
+
+
+def _meta(body: dict[str, Any]) -> dict[str, Any]:
+    return body["metadata"]
+
+
+def _meta_key(body: dict[str, Any]) -> tuple[str, str]:
+    return _meta(body)["namespace"], _meta(body)["name"]
 
 
 def _logged(fn):

@@ -104,7 +104,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     cyc.delete_stale_pods(pods, expected)  # left over from a larger shape, or a group re-placed elsewhere
     missing = cyc.sync_gang(view.namespace, pods, expected, build)
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
-        cyc.api.ensure_service(headless_service(view.name, view.namespace, view.uid))
+        cyc.ensure_service(headless_service(view.name, view.namespace, view.uid))
 
     # Only pods on their planned node and not being deleted: a job re-admitted while its old pods
     # still terminate elsewhere is not Running on the strength of those.
