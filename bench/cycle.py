@@ -44,11 +44,11 @@ from tidal.k8s import labels
 from tidal.k8s.cache import build_snapshot, memberships
 from tidal.k8s.compact import to_wire
 from tidal.k8s.controller import Controller
-from tidal.k8s.manifests import GangShape, training_pods
+from tidal.k8s.manifests import training_pods
 from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView, pod_view
 from tidal.k8s.training import allocations, placement_of, summary_fields
 from tidal.logging import configure as configure_logging
-from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
+from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.topology.fleet import build_fleet, fleet_for_gpus
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
@@ -185,7 +185,7 @@ def build_world(fleet_kind: str, gpus: int, pods_target: int, queued: int, pools
     i = 0
     while len(pods) + shape.world_size <= pods_target:
         view = resource("TrainingJob", "ml", f"job-{i:03d}", dict(shape_spec))
-        plan = plan_gang(scratch, GangRequest(view.ref, groups=shape.groups, group_gpus=4, gpus_per_pod=1))
+        plan = plan_gang(scratch, shape.request(view.ref))
         if not isinstance(plan, PlacementPlan):
             break
         apply_plan(scratch, plan)

@@ -21,10 +21,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from tidal.clock import parse_time
 from tidal.k8s.admission import is_queued
-from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.training import allocations
 from tidal.placement.defrag import stranded_free_gpus
+from tidal.placement.shape import GangShape
 
 if TYPE_CHECKING:
     from tidal.k8s.controller import Controller, CycleReport

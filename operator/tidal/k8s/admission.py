@@ -18,12 +18,12 @@ from typing import Any
 from tidal.clock import parse_time
 from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
-from tidal.k8s.manifests import GangShape
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
     groups_of_replicas,
     holds_gpus,
+    job_request,
     placement_of,
     reconcile_placed,
     shape_of,
@@ -33,6 +33,7 @@ from tidal.k8s.training import (
 )
 from tidal.placement import (
     GangRequest,
+    GangShape,
     PlacementPlan,
     PreemptionPlan,
     RunningGang,
@@ -77,18 +78,6 @@ def queue_order(item: tuple[ResourceView, dict[str, Any]]) -> tuple:
         status.get("pendingSince") or view.created,
         view.namespace or "",
         view.name,
-    )
-
-
-def request_for(view: ResourceView, shape: GangShape, recovery: bool) -> GangRequest:
-    return GangRequest(
-        view.ref,
-        groups=shape.groups,
-        group_gpus=shape.group_gpus,
-        gpus_per_pod=shape.gpus_per_pod,
-        accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-        priority=int(view.spec.get("priority", 0)),
-        recovery=recovery,
     )
 
 
@@ -190,7 +179,7 @@ def _try_admit(
     for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
         shape = GangShape.of(view.spec, dp)
         started = time.perf_counter()
-        plan = plan_gang(cyc.snapshot, request_for(view, shape, recovery))
+        plan = plan_gang(cyc.snapshot, job_request(view, shape, recovery=recovery))
         cyc.placements_ms.append((time.perf_counter() - started) * 1000)
         if isinstance(plan, PlacementPlan):
             if not compact.fits(compact.encode(placement_of(plan))):
@@ -256,7 +245,7 @@ def _preempt_or_wait(
     defrag_budget: Budget | None = None,
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
-    request = request_for(view, shape, status["phase"] == "Restarting")
+    request = job_request(view, shape, recovery=status["phase"] == "Restarting")
     gangs, scratch = _preemption_inputs(cyc, statuses)
     own_victims = bool(_leaving_for(view, statuses))
     if own_victims or any(g.preemptible and g.priority < request.priority for g in gangs):
@@ -410,15 +399,7 @@ def _movable(
             for r in status.get("evictionHistory", [])
         ):
             continue
-        shape = shape_of(view, status)
-        again = GangRequest(
-            gang.name,
-            groups=shape.groups,
-            group_gpus=shape.group_gpus,
-            gpus_per_pod=shape.gpus_per_pod,
-            accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-            priority=gang.priority,
-        )
+        again = job_request(view, shape_of(view, status), name=gang.name)
         out.append(MovableGang(gang, again))
     return out
 

@@ -1,67 +1,18 @@
 """Pods and Services for a placed gang: deterministic names, pinned nodes, rank environment.
 
-Ranks follow Megatron's convention with TP fastest: rank = tp + TP*(ep + EP*(pp + PP*dp)). Every
-tp*ep group is therefore a run of adjacent ranks (one HBD group, one supernode), and giving back
-the highest DP replicas leaves every surviving rank's number unchanged.
+The rank arithmetic (`GangShape`) lives in the pure core, `placement/shape.py`.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s import labels
+from tidal.placement.shape import GangShape
 
 MASTER_PORT = 29500
-
-
-@dataclass(frozen=True)
-class GangShape:
-    tp: int
-    ep: int
-    pp: int
-    dp: int
-    gpus_per_pod: int
-
-    @classmethod
-    def of(cls, spec: dict[str, Any], dp: int | None = None) -> GangShape:
-        return cls(spec.get("tp", 1), spec.get("ep", 1), spec.get("pp", 1), dp or spec.get("dp", 1), spec["gpusPerPod"])
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.ep * self.pp * self.dp
-
-    @property
-    def group_gpus(self) -> int:
-        return max(self.tp * self.ep, self.gpus_per_pod)
-
-    @property
-    def pods_per_group(self) -> int:
-        return self.group_gpus // self.gpus_per_pod
-
-    @property
-    def groups(self) -> int:
-        return self.world_size // self.group_gpus
-
-    @property
-    def groups_per_replica(self) -> int:
-        return self.groups // self.dp
-
-    def replica_of_group(self, group: int) -> int:
-        return group // self.groups_per_replica
-
-    def rank_of(self, group: int, pod_in_group: int) -> int:
-        return group * self.group_gpus + pod_in_group * self.gpus_per_pod
-
-    def parallel_ranks(self, rank: int) -> dict[str, int]:
-        return {
-            "TP": rank % self.tp,
-            "EP": (rank // self.tp) % self.ep,
-            "PP": (rank // (self.tp * self.ep)) % self.pp,
-            "DP": rank // (self.tp * self.ep * self.pp),
-        }
 
 
 def pod_name(owner: str, index: int) -> str:

@@ -12,11 +12,10 @@ from typing import Any
 from tidal.clock import parse_time
 from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.cycle import Cycle
-from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
 from tidal.k8s.state import ResourceView
-from tidal.k8s.training import groups_of_replicas, holds_gpus, shape_of, start_eviction, summary_fields
-from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
+from tidal.k8s.training import groups_of_replicas, holds_gpus, job_request, shape_of, start_eviction, summary_fields
+from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
 
 Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
@@ -169,15 +168,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
         for dp in range(target, shape.dp, -1):
             bigger = GangShape.of(view.spec, dp)
             groups = tuple(range(shape.groups, bigger.groups))
-            request = GangRequest(
-                view.ref,
-                groups=len(groups),
-                group_gpus=shape.group_gpus,
-                gpus_per_pod=shape.gpus_per_pod,
-                accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-                priority=int(view.spec.get("priority", 0)),
-                group_ids=groups,
-            )
+            request = job_request(view, shape, group_ids=groups)
             plan = plan_gang(cyc.snapshot, request)
             if not isinstance(plan, PlacementPlan):
                 continue

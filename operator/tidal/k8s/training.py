@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.manifests import GangShape, headless_service, pod_name, training_pods
+from tidal.k8s.manifests import headless_service, pod_name, training_pods
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.model import TrainingJobSpec, describe_errors
-from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
+from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
 MAX_NAME = 50  # pod names are <job>-<index> and double as DNS hostnames (63 characters)
@@ -26,6 +26,27 @@ MAX_NAME = 50  # pod names are <job>-<index> and double as DNS hostnames (63 cha
 
 def shape_of(view: ResourceView, status: dict[str, Any]) -> GangShape:
     return GangShape.of(view.spec, status.get("currentDP"))
+
+
+def job_request(
+    view: ResourceView,
+    shape: GangShape,
+    *,
+    recovery: bool = False,
+    group_ids: list[int] | tuple[int, ...] | None = None,
+    prefer_supernodes: tuple[str, ...] = (),
+    name: str | None = None,
+) -> GangRequest:
+    """The placement request of a TrainingJob's gang (or of `group_ids` only): the job's
+    accelerator and priority on its shape's groups. `name` defaults to the job's namespace/name."""
+    return shape.request(
+        name or view.ref,
+        accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
+        priority=int(view.spec.get("priority", 0)),
+        recovery=recovery,
+        group_ids=group_ids,
+        prefer_supernodes=prefer_supernodes,
+    )
 
 
 def holds_gpus(status: dict[str, Any]) -> bool:
@@ -216,16 +237,12 @@ def _replace_groups(
     for g in groups:
         for node in placement[g]["nodes"]:
             cyc.snapshot.release(node, gpp)
-    request = GangRequest(
-        view.ref,
-        groups=len(groups),
-        group_gpus=shape.group_gpus,
-        gpus_per_pod=gpp,
-        accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-        priority=view.spec.get("priority", 0),
+    request = job_request(
+        view,
+        shape,
         recovery=True,
+        group_ids=groups,
         prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
-        group_ids=tuple(groups),
     )
     plan = plan_gang(cyc.snapshot, request)
     if not isinstance(plan, PlacementPlan):

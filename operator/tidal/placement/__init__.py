@@ -3,6 +3,7 @@
 from tidal.placement.first_fit import plan_best_fit, plan_constrained_first_fit, plan_first_fit, split_groups
 from tidal.placement.gang import apply_plan, plan_gang, release_plan
 from tidal.placement.preemption import Eviction, PreemptionPlan, RunningGang, plan_preemption
+from tidal.placement.shape import GangShape
 from tidal.placement.types import (
     GangRequest,
     GroupAssignment,
@@ -14,6 +15,7 @@ from tidal.placement.types import (
 __all__ = [
     "Eviction",
     "GangRequest",
+    "GangShape",
     "GroupAssignment",
     "PlacementPlan",
     "PreemptionPlan",
