@@ -8,7 +8,7 @@ them at once), GPUs held by anything else from bound pods' requests.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tidal.k8s import labels
@@ -78,27 +78,36 @@ def _spares(policy: dict, members: tuple[str, ...], nodes: dict[str, NodeView]) 
     return frozenset(chosen)
 
 
+def supernode_states(members: dict[str, Membership]) -> Iterator[SupernodeState]:
+    """The snapshot's supernodes, from membership (the full scan's and the watch cache's alike)."""
+    for m in members.values():
+        yield SupernodeState(m.supernode, m.accelerator, list(m.nodes), m.block, m.spine, m.zone)
+
+
+def node_states(members: dict[str, Membership], nodes: dict[str, NodeView]) -> Iterator[tuple[NodeState, str]]:
+    """(the snapshot's node with nothing held, the accelerator it is counted in) for every member."""
+    for m in members.values():
+        for name in m.nodes:
+            node = nodes[name]
+            state = NodeState(
+                name=name,
+                supernode=m.supernode,
+                gpus=node.capacity.get(m.accelerator, 0),
+                ready=node.ready,
+                cordoned=node.unschedulable,
+                spare=name in m.spares,
+            )
+            yield state, m.accelerator
+
+
 def build_snapshot(
     state: ClusterState, members: dict[str, Membership], tidal_allocations: Iterable[tuple[str, int]]
 ) -> ClusterSnapshot:
-    snapshot = ClusterSnapshot(
-        SupernodeState(m.supernode, m.accelerator, list(m.nodes), m.block, m.spine, m.zone) for m in members.values()
-    )
+    snapshot = ClusterSnapshot(supernode_states(members))
     accelerator_of: dict[str, str] = {}
-    for m in members.values():
-        for name in m.nodes:
-            node = state.nodes[name]
-            accelerator_of[name] = m.accelerator
-            snapshot.add_node(
-                NodeState(
-                    name=name,
-                    supernode=m.supernode,
-                    gpus=node.capacity.get(m.accelerator, 0),
-                    ready=node.ready,
-                    cordoned=node.unschedulable,
-                    spare=name in m.spares,
-                )
-            )
+    for node_state, accelerator in node_states(members, state.nodes):
+        accelerator_of[node_state.name] = accelerator
+        snapshot.add_node(node_state)
     held: Counter[str] = Counter()
     for pod in state.pods.values():
         if pod.owner is None and pod.bound and pod.active and pod.node in accelerator_of:

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tidal.k8s import labels
-from tidal.k8s.cache import Membership, membership_of
+from tidal.k8s.cache import Membership, membership_of, node_states, supernode_states
 from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
@@ -380,26 +380,12 @@ class SnapshotKeeper:
 
     def _rebuild(self, cache: WatchCache, members: dict[str, Membership]) -> None:
         self._cache = cache
-        snap = JournaledSnapshot(
-            SupernodeState(m.supernode, m.accelerator, list(m.nodes), m.block, m.spine, m.zone)
-            for m in members.values()
-        )
+        snap = JournaledSnapshot(supernode_states(members))
         self._accelerator_of = {}
         self._spares = {m.supernode: m.spares for m in members.values()}
-        for m in members.values():
-            for name in m.nodes:
-                node = cache.nodes[name]
-                self._accelerator_of[name] = m.accelerator
-                snap.add_node(
-                    NodeState(
-                        name=name,
-                        supernode=m.supernode,
-                        gpus=node.capacity.get(m.accelerator, 0),
-                        ready=node.ready,
-                        cordoned=node.unschedulable,
-                        spare=name in m.spares,
-                    )
-                )
+        for node_state, accelerator in node_states(members, cache.nodes):
+            self._accelerator_of[node_state.name] = accelerator
+            snap.add_node(node_state)
         for name in snap.nodes:
             held = self._held(name)
             if held:
