@@ -66,3 +66,41 @@ def test_a_service_the_api_refuses_stops_neither_the_cycle_nor_other_jobs_and_is
     run(cluster, controller)
     assert ("create_service", "a") in cluster.calls
     assert cluster.status("TrainingJob", "going", "a")["phase"] == "Running"
+
+
+class RefusedStatus(FakeCluster):
+    """The API server refuses one object's status patch (a conflict, a 5xx, a validating webhook)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.refuse: set[str] = set()
+
+    def patch_status(self, kind, namespace, name, status):
+        if name in self.refuse:
+            self._log("patch_status_refused", (kind, name))
+            return False
+        return super().patch_status(kind, namespace, name, status)
+
+
+def test_a_job_whose_placement_was_not_written_gets_no_pods_and_is_placed_again_next_cycle():
+    """A pod on a node that no status books would be invisible to a restarted operator (and to the
+    next cycle, which could place someone else there): pods only after their placement is written."""
+    cluster = RefusedStatus("nvl72", 2)
+    spec = {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "a", {**spec, "priority": 5})
+    cluster.add("TrainingJob", "ml", "b", spec)
+    cluster.refuse.add("a")
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    assert controller.failures == 0
+    assert ("patch_status_refused", ("TrainingJob", "a")) in cluster.calls, "a was admitted and its write refused"
+    assert not cluster.pods_of("tidal.dev/job", "a"), "no pods without a recorded placement"
+    assert cluster.status("TrainingJob", "ml", "b")["phase"] == "Running", "the refusal stops nobody else"
+    assert controller.last_report.applied is not None
+
+    cluster.refuse.clear()
+    cluster.calls.clear()
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "a")["phase"] == "Running"
+    verbs = [v for v, d in cluster.calls if d in (("TrainingJob", "a"), "a-0")]
+    assert verbs.index("patch_status") < verbs.index("create_pod"), "placement written before the first pod"

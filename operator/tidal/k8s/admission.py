@@ -141,7 +141,7 @@ def admit_queued(
             cyc.pending_memo.pop(view.uid, None)  # re-planned every cycle: it reserves its nodes
         else:
             cyc.pending_memo[view.uid] = mark
-        cyc.writer.write(view, new_status)
+        cyc.write_status(view, new_status)
 
 
 def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
@@ -288,7 +288,7 @@ def _preempt(
             replicas=replicas,
         )
         statuses[victim.uid] = (victim, new_victim)
-        cyc.writer.write(victim, new_victim)
+        cyc.write_status(victim, new_victim)
         cyc.count("preemptions")
     reserve_nodes(cyc.snapshot, result.placement)
     return _waiting(cyc, view, status, statuses)
@@ -364,7 +364,7 @@ def _defragment(
             replicas=replicas,
         )
         statuses[mover.uid] = (mover, new_mover)
-        cyc.writer.write(mover, new_mover)
+        cyc.write_status(mover, new_mover)
         cyc.count("defrag_moves")
     names = ", ".join(by_uid[m.eviction.gang][0].ref for m in plan.moves)
     where = ", ".join(sorted(plan.placement.supernodes))

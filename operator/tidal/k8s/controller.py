@@ -25,6 +25,7 @@ from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
 from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
+from tidal.k8s.write import Applied, apply_actions
 from tidal.rebalance import DemandTracker
 
 
@@ -50,6 +51,11 @@ class CycleReport:
     statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = field(default_factory=dict)
     pools: dict[str, tuple[ResourceView, dict[str, Any]]] = field(default_factory=dict)
     seconds: float = 0.0
+    decide_seconds: float = 0.0
+    """Reconcile, rebalance and admission: the plan of actions (no API call is made)."""
+    write_seconds: float = 0.0
+    """Applying the plan: statuses, events, pod and Service calls."""
+    applied: Applied | None = None
     overbooked_gpus: int = 0
 
 
@@ -183,6 +189,7 @@ class Controller:
         return None
 
     def _cycle(self) -> CycleReport:
+        started = time.monotonic()
         cache = self.cache
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
             view.uid: (view, self.writer.effective(view)) for view in cache.jobs.values()
@@ -237,7 +244,7 @@ class Controller:
             if new is None:
                 continue
             statuses[uid] = (view, new)
-            self.writer.write(view, new)
+            cyc.write_status(view, new)
 
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
         rebalance = self.settings.rebalance
@@ -245,7 +252,9 @@ class Controller:
         admit_queued(cyc, statuses, defrag_budget)
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
-        cyc.flush_pods()
+        decided = time.monotonic()
+        applied = apply_actions(cyc.plan, self.api, self.writer)
+        written = time.monotonic()
         self._update_supernodes(cyc)
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
@@ -253,7 +262,15 @@ class Controller:
             del self.pending_memo[uid]
         for uid in [u for u in self._settled if u not in statuses]:
             del self._settled[uid]
-        report = CycleReport(cycle=cyc, statuses=statuses, pools=pools, overbooked_gpus=self._overbooked_gpus(cyc))
+        report = CycleReport(
+            cycle=cyc,
+            statuses=statuses,
+            pools=pools,
+            decide_seconds=decided - started,
+            write_seconds=written - decided,
+            applied=applied,
+            overbooked_gpus=self._overbooked_gpus(cyc),
+        )
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report

@@ -1,4 +1,9 @@
-"""What one controller cycle shares: the watched state, the snapshot, and the ways to act."""
+"""What one controller cycle shares: the watched state, the snapshot, and the plan of actions.
+
+The deciding side of a cycle (reconcile, admission, rebalancing) never calls the API server: every
+status write, event, annotation and pod or Service call is recorded in the cycle's `ActionPlan`,
+which `k8s/write.py` applies once the decisions are made.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +18,34 @@ import structlog
 from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
-from tidal.k8s.labels import GANG_GATE, JOB
+from tidal.k8s.labels import GANG_GATE
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
+
+
+@dataclass
+class ActionPlan:
+    """What one cycle decided to change in the cluster; `k8s/write.apply_actions` applies it in
+    this order: statuses (a placement is recorded before its pods exist), events, annotations,
+    pod deletions, Services, pod creations, gate removals."""
+
+    statuses: list[tuple[ResourceView, dict[str, Any]]] = field(default_factory=list)
+    """Status writes in decision order (a later write of the same object supersedes an earlier one)."""
+    events: list[tuple[ResourceView, str, str, bool]] = field(default_factory=list)
+    """(object, reason, message, warning)."""
+    annotations: list[tuple[str, str | None, str, dict[str, str]]] = field(default_factory=list)
+    """(kind, namespace, name, annotations); kind "Pod" for a pod."""
+    pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
+    services: list[dict[str, Any]] = field(default_factory=list)
+    pod_creates: list[dict[str, Any]] = field(default_factory=list)
+    ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+
+    @property
+    def pod_actions(self) -> int:
+        return len(self.pod_creates) + len(self.pod_deletes) + len(self.ungates)
 
 
 @dataclass
@@ -32,10 +59,8 @@ class Cycle:
     now: dt.datetime
     deleted_uids: set[str] = field(default_factory=set)
     """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
-    pod_creates: list[dict[str, Any]] = field(default_factory=list)
-    pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
-    ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
-    services: list[dict[str, Any]] = field(default_factory=list)
+    plan: ActionPlan = field(default_factory=ActionPlan)
+    """What this cycle decided to change, applied by k8s/write.py after the decisions."""
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -52,9 +77,32 @@ class Cycle:
     def stamp(self) -> str:
         return rfc3339(self.now)
 
+    # The plan's lists, under the names the deciding code uses.
+    @property
+    def pod_creates(self) -> list[dict[str, Any]]:
+        return self.plan.pod_creates
+
+    @property
+    def pod_deletes(self) -> list[tuple[str, str, int | None]]:
+        return self.plan.pod_deletes
+
+    @property
+    def ungates(self) -> list[tuple[str, str, list[str]]]:
+        return self.plan.ungates
+
+    @property
+    def services(self) -> list[dict[str, Any]]:
+        return self.plan.services
+
     def event(self, view: ResourceView, reason: str, message: str, warning: bool = False) -> None:
-        log.info("event", kind=view.kind, namespace=view.namespace, name=view.name, reason=reason, message=message)
-        self.api.event(view.kind, view.namespace, view.name, view.uid, reason, message, warning)
+        self.plan.events.append((view, reason, message, warning))
+
+    def write_status(self, view: ResourceView, status: dict[str, Any]) -> None:
+        """Record `status` as the object's new status; written (if it differs) by k8s/write.py."""
+        self.plan.statuses.append((view, status))
+
+    def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str]) -> None:
+        self.plan.annotations.append((kind, namespace, name, annotations))
 
     def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
         """Delete once; at once (grace 0) when its node is gone, as no kubelet will confirm."""
@@ -73,7 +121,7 @@ class Cycle:
     @property
     def actions(self) -> int:
         """Pod actions queued so far: a reconcile that queued none changed nothing outside."""
-        return len(self.pod_creates) + len(self.pod_deletes) + len(self.ungates)
+        return self.plan.pod_actions
 
     def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, str]) -> None:
         """Pods not in `expected` (pod name -> node), or pinned elsewhere (their group moved)."""
@@ -100,55 +148,8 @@ class Cycle:
         return missing
 
     def ensure_service(self, body: dict[str, Any]) -> None:
-        """Create a gang's rendezvous Service (idempotent) before its pods, at the flush."""
+        """Create a gang's rendezvous Service (idempotent) before its pods, when the plan is applied."""
         self.services.append(body)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
-
-    def flush_pods(self) -> None:
-        """Deletes first (they free names and GPUs), then Services, then creates, then gate removals.
-
-        A failed call (say, a namespace being deleted) is logged and retried by the next cycle,
-        which will find the same difference between placement and pods; it never stops the rest.
-        A gang whose Service could not be made gets no pods this time, so the next cycle finds
-        them missing and makes both.
-        """
-        if self.pod_deletes:
-            self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
-        if self.services:
-
-            def create_service(body: dict[str, Any]) -> bool:
-                self.api.ensure_service(body)
-                return True
-
-            made = self.api.parallel(_logged(create_service), self.services)
-            failed = {_meta_key(body) for body, ok in zip(self.services, made, strict=True) if not ok}
-            if failed:
-                self.pod_creates = [
-                    p for p in self.pod_creates if (_meta(p)["namespace"], _meta(p)["labels"].get(JOB)) not in failed
-                ]
-        if self.pod_creates:
-            self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
-        if self.ungates:
-            self.api.parallel(_logged(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2])), self.ungates)
-        self.pod_deletes, self.pod_creates, self.ungates, self.services = [], [], [], []
-
-
-def _meta(body: dict[str, Any]) -> dict[str, Any]:
-    return body["metadata"]
-
-
-def _meta_key(body: dict[str, Any]) -> tuple[str, str]:
-    return _meta(body)["namespace"], _meta(body)["name"]
-
-
-def _logged(fn):
-    def call(item):
-        try:
-            return fn(item)
-        except Exception as e:  # one object's API error must not abort the cycle
-            log.warning("api call failed", call=getattr(fn, "__name__", "pod call"), error=str(e)[:300])
-            return None
-
-    return call

@@ -71,7 +71,7 @@ def rebalance_pools(
         if problem:
             new = {**status, "reason": problem}
             pools[view.uid] = (view, new)
-            cyc.writer.write(view, new)
+            cyc.write_status(view, new)
             continue
         rate, error = read_load(view)
         raw, why = desired_replicas(view.spec, cyc.now, rate)
@@ -91,7 +91,7 @@ def rebalance_pools(
             waiting |= still_waiting
         new["conditions"] = pool_conditions(new, cyc.stamp)
         pools[view.uid] = (view, new)
-        cyc.writer.write(view, new)
+        cyc.write_status(view, new)
     return waiting
 
 
@@ -132,7 +132,7 @@ def _grow(
             cyc, victim, victim_status, reason=REBALANCED, by=f"InferencePool {view.ref}", replicas=replicas
         )
         jobs[victim.uid] = (victim, new)
-        cyc.writer.write(victim, new)
+        cyc.write_status(victim, new)
         cyc.count(f"moves:from-training:{'suspend' if eviction.whole else 'shrink'}")
     if plan.placement is not None:
         reserve_nodes(cyc.snapshot, plan.placement)
@@ -186,5 +186,5 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on free GPUs")
             cyc.count("moves:to-training:expand", dp - shape.dp)
             jobs[view.uid] = (view, new)
-            cyc.writer.write(view, new)
+            cyc.write_status(view, new)
             break

@@ -323,11 +323,10 @@ def start_eviction(
 def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> None:
     """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent)."""
     if view.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
-        cyc.api.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
-    unasked = [p for p in pods.values() if p.annotations.get(labels.CHECKPOINT_REQUESTED) != requested]
-    cyc.api.parallel(
-        lambda p: cyc.api.annotate_pod(p.namespace, p.name, {labels.CHECKPOINT_REQUESTED: requested}), unasked
-    )
+        cyc.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
+    for pod in pods.values():
+        if pod.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
+            cyc.annotate("Pod", pod.namespace, pod.name, {labels.CHECKPOINT_REQUESTED: requested})
 
 
 def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
