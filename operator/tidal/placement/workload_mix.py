@@ -12,27 +12,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from tidal.placement.shape import GangShape
+
 
 @dataclass(frozen=True)
-class JobShape:
-    tp: int
-    ep: int
-    pp: int
-    dp: int
-    gpus_per_pod: int
-    weight: float
+class JobShape(GangShape):
+    """A gang shape with its weight in the mix (the rank arithmetic is GangShape's, defined once)."""
+
+    weight: float = 1.0
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.ep * self.pp * self.dp
-
-    @property
-    def group_gpus(self) -> int:
-        return max(self.tp * self.ep, self.gpus_per_pod)
-
-    @property
-    def groups(self) -> int:
-        return self.gpus // self.group_gpus
+        return self.world_size
 
 
 TRAINING_MIX: tuple[JobShape, ...] = (
