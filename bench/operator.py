@@ -1,20 +1,29 @@
 """Operator scale benchmark on a real API server with >= 1,000 simulated GPU nodes (KWOK).
 
-    python -m bench.operator [--json] [--supernodes 56] [--jobs 50] [--seed 7] [--keep]
+    python -m bench.operator [--json] [--nodes 1008] [--gang-pods 256] [--jobs 50] [--seed 7] [--keep]
 
-Brings up its own cluster (e2e/cluster.sh, name tidal-bench: 56 NVL72 racks = 1,008 nodes, 4,032
-GPUs), starts `tidal run` as a separate process, submits one 1,024-GPU gang (tp=8, ep=8, pp=4, dp=4)
-and then `--jobs` jobs of 8 to 1,024 GPUs drawn from the calibrated mix, and measures:
-big_gang_seconds_to_running, seconds_to_admit_all (every job placed), seconds_to_running_all,
-api_requests (the operator's own count), operator_peak_rss_mb (VmHWM), and checks the pods
-actually bound: hbd_split_groups and overbooked_gpus must both be 0.
+Brings up its own cluster (e2e/cluster.sh, name tidal-bench-<checkout>: --nodes rounded up to
+whole NVL72 racks of 18 nodes, 4 GPUs each; 1,008 nodes = 56 racks, 4,032 GPUs), starts `tidal run`
+as a separate process, submits one gang of --gang-pods pods (4 GPUs each; tp=8, ep=8, pp=4 and dp
+to match: 256 pods = 1,024 GPUs at dp=4, 4,096 pods = 16,384 GPUs at dp=64) and then `--jobs` jobs
+of 8 to 1,024 GPUs drawn from the calibrated mix, and measures: big_gang_seconds_to_running,
+seconds_to_admit_all (every job placed), seconds_to_running_all, api_requests (the operator's own
+count), operator_peak_rss_mb (VmHWM), and checks the pods actually bound: hbd_split_groups and
+overbooked_gpus must both be 0.
+
+Then the warm-up: the operator is SIGKILLed, a small job is submitted, a fresh operator process is
+started, and warm_up_seconds is the time from starting it to that job's admission (a new replica
+first waits out the dead one's peering record, 15 s, then lists the cluster and builds its view).
+
 Client limits: kube-scheduler --kube-api-qps=500/--kube-api-burst=1000, kube-controller-manager
-200/400 (set by e2e/cluster.sh); the operator has no client-side rate limit.
+200/400 (set by e2e/cluster.sh); the operator has no client-side rate limit (its pod, Service and
+status calls go through 16 worker threads over a pool of 32 connections).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -31,7 +40,9 @@ from tests.cluster.operator_process import OperatorProcess, free_port
 
 from tidal.placement.workload_mix import TRAINING_MIX, sample_shapes
 
-CLUSTER = "tidal-bench"
+# One cluster per checkout: two clones benchmarking on one machine must not share (or fight over) one.
+CLUSTER = f"tidal-bench-{hashlib.sha256(str(REPO).encode()).hexdigest()[:6]}"
+NODES_PER_RACK = 18
 TEMPLATE = {"spec": {"containers": [{"name": "trainer", "image": "trainer:latest"}]}}
 
 
@@ -93,7 +104,18 @@ def audit_pods(kube: Kube) -> tuple[int, int]:
     return split, over
 
 
-def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
+def phases(kube: Kube) -> dict[str, str]:
+    return {
+        j["metadata"]["name"]: j.get("status", {}).get("phase", "")
+        for j in kube.get("trainingjobs", "-n", "bench")["items"]
+    }
+
+
+def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
+    if gang_pods % 64:
+        raise ValueError("--gang-pods must be a multiple of 64 (tp=8, ep=8, pp=4 at 4 GPUs a pod)")
+    supernodes = -(-nodes // NODES_PER_RACK)
+    gang_gpus = gang_pods * 4
     env = {**os.environ, "TIDAL_CLUSTER_NAME": CLUSTER}
     started = time.monotonic()
     out = subprocess.run(
@@ -128,49 +150,70 @@ def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
             what="supernode status",
         )
         requests_before = api_requests(metrics_port)
-        big = job_manifest("big-gang", 8, 8, 4, 4, 4, priority=10)
-        others = mixed_jobs(jobs, seed, budget=int(supernodes * 72 * 0.75) - 1024)
+        big = job_manifest("big-gang", 8, 8, 4, gang_pods // 64, 4, priority=10)
+        others = mixed_jobs(jobs, seed, budget=int(supernodes * 72 * 0.75) - gang_gpus) if jobs else []
         t0 = time.monotonic()
         kube.run("apply", "-f", "-", input=yaml.safe_dump_all([big, *others]))
-
-        def phases() -> dict[str, str]:
-            return {
-                j["metadata"]["name"]: j.get("status", {}).get("phase", "")
-                for j in kube.get("trainingjobs", "-n", "bench")["items"]
-            }
-
-        eventually(lambda: phases().get("big-gang") == "Running", timeout=600, interval=0.25, what="big gang")
+        timeout = 600 + gang_pods // 4  # a few thousand pods pass kube-scheduler at its qps limit
+        eventually(lambda: phases(kube).get("big-gang") == "Running", timeout=timeout, interval=0.25, what="big gang")
         big_s = time.monotonic() - t0
         eventually(
-            lambda: all(p in ("Admitted", "Running") for p in phases().values()),
-            timeout=600,
+            lambda: all(p in ("Admitted", "Running") for p in phases(kube).values()),
+            timeout=timeout,
             interval=0.25,
             what="all admitted",
         )
         admit_s = time.monotonic() - t0
         eventually(
-            lambda: all(p == "Running" for p in phases().values()), timeout=600, interval=0.5, what="all running"
+            lambda: all(p == "Running" for p in phases(kube).values()),
+            timeout=timeout,
+            interval=0.5,
+            what="all running",
         )
         running_s = time.monotonic() - t0
         split, over = audit_pods(kube)
         pods = len(kube.get("pods", "-n", "bench")["items"])
+        requests = api_requests(metrics_port) - requests_before
+        rss = peak_rss_mb(op.proc.pid)
+
+        # Warm-up: a fresh process after a SIGKILL, to the first admission it makes.
+        op.kill()
+        kube.run("apply", "-f", "-", input=yaml.safe_dump_all([job_manifest("after-restart", 8, 1, 1, 2, 4)]))
+        t1 = time.monotonic()
+        op.start()
+        health_s = time.monotonic() - t1
+        eventually(
+            lambda: phases(kube).get("after-restart") in ("Admitted", "Running"),
+            timeout=600,
+            interval=0.2,
+            what="first admission after restart",
+        )
+        warm_up_s = time.monotonic() - t1
+        split_after, over_after = audit_pods(kube)
         result = {
             "nodes": node_count,
             "gpus": node_count * 4,
             "cluster_up_seconds": round(cluster_up_s, 1),
-            "big_gang_gpus": 1024,
+            "big_gang_gpus": gang_gpus,
+            "big_gang_pods": gang_pods,
             "big_gang_seconds_to_running": round(big_s, 2),
             "jobs": 1 + len(others),
-            "job_gpus": 1024
+            "job_gpus": gang_gpus
             + sum(j["spec"]["tp"] * j["spec"]["ep"] * j["spec"]["pp"] * j["spec"]["dp"] for j in others),
             "pods": pods,
             "seconds_to_admit_all": round(admit_s, 2),
             "seconds_to_running_all": round(running_s, 2),
-            "api_requests": api_requests(metrics_port) - requests_before,
-            "operator_peak_rss_mb": round(peak_rss_mb(op.proc.pid), 1),
+            "api_requests": requests,
+            "operator_peak_rss_mb": round(rss, 1),
             "hbd_split_groups": split,
             "overbooked_gpus": over,
-            "client_limits": "kube-scheduler qps 500/burst 1000; kube-controller-manager qps 200/burst 400",
+            "warm_up_seconds": round(warm_up_s, 2),
+            "warm_up_health_port_seconds": round(health_s, 2),
+            "restarted_operator_rss_mb": round(peak_rss_mb(op.proc.pid), 1),
+            "hbd_split_groups_after_restart": split_after,
+            "overbooked_gpus_after_restart": over_after,
+            "client_limits": "kube-scheduler qps 500/burst 1000; kube-controller-manager qps 200/burst 400; "
+            "operator: no client-side limit (16 API worker threads, 32 connections)",
         }
     finally:
         op.stop()
@@ -182,12 +225,13 @@ def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--supernodes", type=int, default=56, help="NVL72 racks of 18 nodes (56 -> 1,008 nodes)")
-    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--nodes", type=int, default=1008, help="rounded up to NVL72 racks of 18 nodes")
+    parser.add_argument("--gang-pods", type=int, default=256, help="pods of the big gang (4 GPUs each; 64 x k)")
+    parser.add_argument("--jobs", type=int, default=50, help="jobs from the calibrated mix besides the gang")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args()
-    result = run(args.supernodes, args.jobs, args.seed, args.keep)
+    result = run(args.nodes, args.gang_pods, args.jobs, args.seed, args.keep)
     if args.json:
         print(json.dumps(result))
     else:
