@@ -30,6 +30,7 @@ import kopf
 import structlog
 
 from tidal import API_GROUP, API_VERSION
+from tidal.k8s import kopf_startup
 from tidal.k8s.controller import Controller
 from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view
 from tidal.k8s.supernodes import discover
@@ -37,6 +38,10 @@ from tidal.k8s.supernodes import discover
 log = structlog.get_logger("tidal")
 
 TICK_SECONDS = 1.0
+
+# Before kopf starts any watcher: its startup gate (every index filled before any handler) is
+# O(objects^2) as shipped; see k8s/kopf_startup.py.
+kopf_startup.install()
 
 
 @kopf.on.startup()
