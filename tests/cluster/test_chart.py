@@ -18,7 +18,7 @@ import yaml
 
 from tidal.dashboard import queries
 
-from .kube import REPO, Kube, eventually
+from .kube import REPO, Kube, eventually, token_kubeconfig
 from .operator_process import OperatorProcess, free_port
 from .test_operator import job, pods_of, submit, wait_phase
 from .test_tide import pool, pool_status
@@ -80,22 +80,7 @@ def test_helm_lint_and_template(kube: Kube):
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount, with a real token."""
-    token = kube.run("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "sa",
-                "clusters": [{"name": "kwok", "cluster": cluster}],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "kwok", "user": "sa"}}],
-            }
-        )
-    )
-    return path
+    return token_kubeconfig(kube, SERVICE_ACCOUNT, NAMESPACE, path)
 
 
 @pytest.fixture
