@@ -36,6 +36,10 @@ class Cycle:
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
     services: list[dict[str, Any]] = field(default_factory=list)
+    pool_services: list[dict[str, Any]] = field(default_factory=list)
+    """Every live pool's wanted Service this cycle (written at the flush only if it changed)."""
+    applied_services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(namespace, name) -> the pool Service body last brought about (kept across cycles)."""
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -103,6 +107,12 @@ class Cycle:
         """Create a gang's rendezvous Service (idempotent) before its pods, at the flush."""
         self.services.append(body)
 
+    def ensure_pool_service(self, body: dict[str, Any]) -> None:
+        """Bring a pool's Service to `body` at the flush: read, then created or updated only if it
+        differs; not even read while `body` equals what was last brought about (see
+        `Controller.resync_due`, which forgets that now and then so drift is repaired)."""
+        self.pool_services.append(body)
+
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
@@ -132,7 +142,24 @@ class Cycle:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
             self.api.parallel(_logged(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2])), self.ungates)
+        self._flush_pool_services()
         self.pod_deletes, self.pod_creates, self.ungates, self.services = [], [], [], []
+
+    def _flush_pool_services(self) -> None:
+        todo = [b for b in self.pool_services if self.applied_services.get(_meta_key(b)) != b]
+        self.pool_services = []
+        if not todo:
+            return
+        outcomes = self.api.parallel(_logged(self.api.apply_service), todo)
+        for body, outcome in zip(todo, outcomes, strict=True):
+            if outcome is None:  # the call failed (logged): tried again next cycle
+                continue
+            if outcome == "conflict":
+                # Remembered too, so a conflict is not read every cycle; a resync looks again.
+                log.warning("service name taken", namespace=_meta(body)["namespace"], name=_meta(body)["name"])
+            else:
+                self.count(f"services:{outcome}")
+            self.applied_services[_meta_key(body)] = body
 
 
 def _meta(body: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,9 @@ def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[
                 labels.POOL: view.name,
                 labels.REPLICA: str(replica["group"]),
                 labels.HBD_GROUP: str(replica["group"]),
+                # Pod 0 serves the replica: the pool's Service, its scale selector and a Gateway
+                # API Inference Extension pool select leaders only.
+                labels.ROLE: labels.LEADER if i == 0 else labels.WORKER,
             },
             owner=owner,
             env={
