@@ -61,6 +61,15 @@ def test_without_a_request_nothing_changes():
     spec = {"minReplicas": 1, "maxReplicas": 50, "schedule": DAY, "load": {"targetPerReplica": 10}}
     assert desired_replicas(spec, NOON, 95)[0] == 10
     assert desired_replicas(spec, NOON, 5)[0] == 4
+    # spec.replicas defaults to 0 in the CRD (the API server serves /scale only with the field set).
+    assert desired_replicas({**spec, "replicas": 0}, NOON, 5) == desired_replicas(spec, NOON, 5)
+    assert desired_replicas({"minReplicas": 0, "maxReplicas": 5, "replicas": 0}, NOON, None)[0] == 0
+
+
+def test_spec_replicas_defaults_to_zero_in_the_crd():
+    (pool_kind,) = [k for k in RESOURCE_KINDS if k.kind == "InferencePool"]
+    schema = crd_for(pool_kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["spec"]["properties"]["replicas"]["default"] == 0
 
 
 # -- the CRD ------------------------------------------------------------------------------------

@@ -88,14 +88,15 @@ class InferencePoolSpec(ApiModel):
     }
 
     min_replicas: int = Field(default=0, ge=0, le=100_000, description="Replica floor outside schedule windows.")
-    replicas: int | None = Field(
-        default=None,
+    replicas: int = Field(
+        default=0,
         ge=0,
         le=100_000,
         description="Replicas requested by an autoscaler (HPA, KEDA, kubectl scale) through the scale "
         "subresource. A request like the schedule floor and the load signal: desired = "
-        "max(schedule floor, replicas, load), bounded by minReplicas and maxReplicas. An HPA "
-        "leaves a target whose replicas are 0 alone, so set it (say to 1) when one drives the pool.",
+        "max(schedule floor, replicas, load), bounded by minReplicas and maxReplicas; the default 0 "
+        "asks for nothing. An HPA leaves a target whose replicas are 0 alone, so set it (say to 1) "
+        "when one drives the pool.",
     )
     max_replicas: int = Field(ge=0, le=100_000, description="Replica ceiling.")
     tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree of one replica.")
