@@ -202,4 +202,15 @@ def test_a_service_name_taken_by_another_owner_is_left_alone():
     for _ in range(3):
         controller.cycle(cluster.state())
     assert cluster.services[("ns", "chat")] is theirs
-    assert cluster.requests["get_service"] == 1 and cluster.requests["update_service"] == 0
+    assert cluster.requests["get_service"] == 1, "a taken name is not read every cycle"
+    assert cluster.requests["update_service"] == 0
+
+    # Their Service goes (say, the garbage collector took a deleted pool's): ours follows once the
+    # retry interval is over, without waiting for a resync.
+    del cluster.services[("ns", "chat")]
+    controller.cycle(cluster.state())
+    assert ("ns", "chat") not in cluster.services, "not before the retry interval"
+    controller.service_conflicts[("ns", "chat")] = 0.0  # as if the interval had passed
+    controller.cycle(cluster.state())
+    assert cluster.services[("ns", "chat")]["spec"]["selector"]["tidal.dev/role"] == "leader"
+    assert cluster.requests["create_service"] == 1

@@ -86,6 +86,7 @@ class Controller:
         self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
         """Pool Services as last brought about: an unchanged one is not even read again until the
         next resync (or a failed cycle) forgets this, so a user's edit or deletion is repaired then."""
+        self.service_conflicts: dict[tuple[str, str], float] = {}
 
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
@@ -105,7 +106,8 @@ class Controller:
         if now < self._next_resync:
             return False
         self._next_resync = now + self.settings.resync_seconds
-        self.applied_services = {}  # with the full listing, every pool Service is read and repaired
+        # With the full listing, every pool Service is read again and repaired.
+        self.applied_services, self.service_conflicts = {}, {}
         return True
 
     def cycle(self, state: ClusterState | None = None) -> CycleReport | None:
@@ -155,7 +157,7 @@ class Controller:
         self._supernodes_seen.clear()
         self._overbooked.clear()
         self.pending_memo.clear()
-        self.applied_services = {}
+        self.applied_services, self.service_conflicts = {}, {}
 
     def stuck_report(self) -> str | None:
         """A message to log when the cycle is stuck (at most once per `max_cycle_age_seconds`)."""
@@ -213,6 +215,7 @@ class Controller:
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
             applied_services=self.applied_services,
+            service_conflicts=self.service_conflicts,
         )
         log.debug(
             "cycle",
@@ -259,8 +262,9 @@ class Controller:
             del self.pending_memo[uid]
         for uid in [u for u in self._settled if u not in statuses]:
             del self._settled[uid]
-        for key in [k for k in self.applied_services if k not in cache.pools]:
-            del self.applied_services[key]  # the garbage collector removes a gone pool's Service
+        for memo in (self.applied_services, self.service_conflicts):
+            for key in [k for k in memo if k not in cache.pools]:
+                del memo[key]  # the garbage collector removes a gone pool's Service
         report = CycleReport(cycle=cyc, statuses=statuses, pools=pools, overbooked_gpus=self._overbooked_gpus(cyc))
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)

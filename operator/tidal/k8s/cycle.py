@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,11 @@ from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
+
+SERVICE_CONFLICT_RETRY_SECONDS = 30.0
+"""A pool Service name held by another owner is looked at again this often: soon enough for a pool
+deleted and made again (the old Service goes with the garbage collector), rarely enough not to read
+a user's Service of that name every cycle."""
 
 
 @dataclass
@@ -40,6 +46,8 @@ class Cycle:
     """Every live pool's wanted Service this cycle (written at the flush only if it changed)."""
     applied_services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """(namespace, name) -> the pool Service body last brought about (kept across cycles)."""
+    service_conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(namespace, name) -> when (monotonic) to look again at a Service name another owner holds."""
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -146,20 +154,27 @@ class Cycle:
         self.pod_deletes, self.pod_creates, self.ungates, self.services = [], [], [], []
 
     def _flush_pool_services(self) -> None:
-        todo = [b for b in self.pool_services if self.applied_services.get(_meta_key(b)) != b]
+        now = time.monotonic()
+        todo = [
+            b
+            for b in self.pool_services
+            if self.applied_services.get(_meta_key(b)) != b and self.service_conflicts.get(_meta_key(b), 0.0) <= now
+        ]
         self.pool_services = []
         if not todo:
             return
         outcomes = self.api.parallel(_logged(self.api.apply_service), todo)
         for body, outcome in zip(todo, outcomes, strict=True):
+            key = _meta_key(body)
             if outcome is None:  # the call failed (logged): tried again next cycle
                 continue
             if outcome == "conflict":
-                # Remembered too, so a conflict is not read every cycle; a resync looks again.
-                log.warning("service name taken", namespace=_meta(body)["namespace"], name=_meta(body)["name"])
-            else:
-                self.count(f"services:{outcome}")
-            self.applied_services[_meta_key(body)] = body
+                log.warning("service name taken by another owner", namespace=key[0], name=key[1])
+                self.service_conflicts[key] = now + SERVICE_CONFLICT_RETRY_SECONDS
+                continue
+            self.count(f"services:{outcome}")
+            self.service_conflicts.pop(key, None)
+            self.applied_services[key] = body
 
 
 def _meta(body: dict[str, Any]) -> dict[str, Any]:
