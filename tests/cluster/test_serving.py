@@ -231,6 +231,15 @@ def test_the_pool_service_routes_to_ready_leaders_only(kube: Kube, controlled_cl
     assert during["get_service"] - before["get_service"] <= 2, (before, during)
     assert kube.get("services", "-n", namespace, "serve")["metadata"]["resourceVersion"] == version
 
+    # A leader without its role label (as an operator before the label made it) gets it back.
+    kube.run("label", "-n", namespace, "pod", "serve-0-0", "tidal.dev/role-")
+    eventually(
+        lambda: kube.get("pod", "serve-0-0", "-n", namespace)["metadata"]["labels"].get("tidal.dev/role") == "leader",
+        timeout=30,
+        what="the role label put back",
+    )
+    eventually(routed, timeout=60, what="the relabelled leader routed again")
+
     # A replica removed: its leader leaves the EndpointSlices.
     patch = json.dumps({"spec": {"minReplicas": 2, "maxReplicas": 2}})
     kube.run("patch", "-n", namespace, "inferencepools.tidal.dev", "serve", "--type=merge", "-p", patch)

@@ -143,6 +143,13 @@ class FakeCluster:
             meta = pod["metadata"]
             pod["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self._log("label_pod", (name, pod_labels))
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            meta = pod["metadata"]
+            pod["metadata"] = {**meta, "labels": {**(meta.get("labels") or {}), **pod_labels}}
+
     def ensure_service(self, body: dict[str, Any]) -> None:
         self._log("create_service", body["metadata"]["name"])
 

@@ -155,6 +155,21 @@ def test_leader_labels_status_selector_and_replicas():
     assert roles == {f"chat-{r}-{i}": "leader" if i == 0 else "worker" for r in range(3) for i in range(2)}
 
 
+def test_pods_made_before_the_role_label_get_it_once():
+    cluster, controller = _pool_cluster(replicas=3)
+    for _ in range(3):
+        controller.cycle(cluster.state())
+    assert cluster.requests["label_pod"] == 0, "new pods are made with their role"
+    for pod in cluster.pods.values():  # as an older operator made them
+        del pod["metadata"]["labels"]["tidal.dev/role"]
+    for _ in range(3):
+        controller.cycle(cluster.state())
+    assert cluster.requests["label_pod"] == 6, "each pod labelled once"
+    roles = {p["metadata"]["name"]: p["metadata"]["labels"]["tidal.dev/role"] for p in cluster.pods.values()}
+    assert roles == {f"chat-{r}-{i}": "leader" if i == 0 else "worker" for r in range(3) for i in range(2)}
+    assert cluster.requests["create_pod"] == 6 and cluster.requests["delete_pod"] == 0, "no replica re-made"
+
+
 def test_the_service_is_made_once_and_written_again_only_after_it_drifted():
     cluster, controller = _pool_cluster()
     for _ in range(5):

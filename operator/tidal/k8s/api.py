@@ -94,6 +94,14 @@ class Api:
             if e.status != 404:
                 raise
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self._count("label_pod")
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": pod_labels}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def ensure_service(self, body: dict[str, Any]) -> None:
         self._count("create_service")
         try:

@@ -41,6 +41,7 @@ class Cycle:
     pod_creates: list[dict[str, Any]] = field(default_factory=list)
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    pod_labels: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     services: list[dict[str, Any]] = field(default_factory=list)
     pool_services: list[dict[str, Any]] = field(default_factory=list)
     """Every live pool's wanted Service this cycle (written at the flush only if it changed)."""
@@ -115,6 +116,10 @@ class Cycle:
         """Create a gang's rendezvous Service (idempotent) before its pods, at the flush."""
         self.services.append(body)
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        """Merge labels into an existing pod at the flush."""
+        self.pod_labels.append((namespace, name, pod_labels))
+
     def ensure_pool_service(self, body: dict[str, Any]) -> None:
         """Bring a pool's Service to `body` at the flush: read, then created or updated only if it
         differs; not even read while `body` equals what was last brought about (see
@@ -150,8 +155,10 @@ class Cycle:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
             self.api.parallel(_logged(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2])), self.ungates)
+        if self.pod_labels:
+            self.api.parallel(_logged(lambda p: self.api.label_pod(*p)), self.pod_labels)
         self._flush_pool_services()
-        self.pod_deletes, self.pod_creates, self.ungates, self.services = [], [], [], []
+        self.pod_deletes, self.pod_creates, self.ungates, self.services, self.pod_labels = [], [], [], [], []
 
     def _flush_pool_services(self) -> None:
         now = time.monotonic()
