@@ -179,8 +179,18 @@ def test_install_rbac_and_dashboard_queries(
     sa_operator.start()
     prometheus, prom_port = start_prometheus(tmp_path, metrics_port)
     try:
+        serving = {
+            "spec": {
+                "containers": [
+                    {"name": "server", "image": "server:latest", "ports": [{"name": "http", "containerPort": 8000}]}
+                ]
+            }
+        }
         submit(
-            kube, namespace, job("rbac-train", tp=4, ep=4, pp=2, dp=2), pool("rbac-pool", minReplicas=2, maxReplicas=2)
+            kube,
+            namespace,
+            job("rbac-train", tp=4, ep=4, pp=2, dp=2),
+            pool("rbac-pool", minReplicas=2, maxReplicas=2, template=serving),
         )
         wait_phase(kube, namespace, "rbac-train", "Running", timeout=120)
         eventually(
@@ -189,6 +199,16 @@ def test_install_rbac_and_dashboard_queries(
             what="pool ready under the chart's RBAC",
         )
         assert len(pods_of(kube, namespace, "rbac-train")) == 16
+
+        # The pool's Service is created, then updated (its port follows the template): both allowed.
+        def service_port():
+            return kube.get("service", "rbac-pool", "-n", namespace)["spec"]["ports"][0]["port"]
+
+        eventually(lambda: service_port() == 8000, timeout=30, what="the pool's Service under the chart's RBAC")
+        serving["spec"]["containers"][0]["ports"][0]["containerPort"] = 8080
+        patch = json.dumps({"spec": {"template": serving}})
+        kube.run("patch", "-n", namespace, "inferencepools.tidal.dev", "rbac-pool", "--type=merge", "-p", patch)
+        eventually(lambda: service_port() == 8080, timeout=30, what="the Service updated under the chart's RBAC")
         events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=rbac-train")["items"]
         assert any(e["reason"] == "Admitted" for e in events), "events are allowed"
         assert "Forbidden" not in sa_operator.logs() and "forbidden" not in sa_operator.logs()

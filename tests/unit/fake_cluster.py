@@ -11,6 +11,7 @@ from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.compact import from_wire
+from tidal.k8s.manifests import controlled_by_owner, service_update
 from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
 from tidal.topology.fleet import build_fleet
 
@@ -36,6 +37,8 @@ class FakeCluster:
         self.nodes: dict[str, NodeView] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.objects: dict[tuple[str, str | None, str], ResourceView] = {}
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        """Services made by apply_service (the pools'), as the API server would return them."""
         for sn in build_fleet(shape, supernodes):
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
@@ -140,8 +143,32 @@ class FakeCluster:
             meta = pod["metadata"]
             pod["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self._log("label_pod", (name, pod_labels))
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            meta = pod["metadata"]
+            pod["metadata"] = {**meta, "labels": {**(meta.get("labels") or {}), **pod_labels}}
+
     def ensure_service(self, body: dict[str, Any]) -> None:
         self._log("create_service", body["metadata"]["name"])
+
+    def apply_service(self, body: dict[str, Any]) -> str:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        self._log("get_service", key)
+        current = self.services.get(key)
+        if current is None:
+            self._log("create_service", key)
+            self.services[key] = {**body, "spec": {**body["spec"], "clusterIP": "10.96.0.10", "type": "ClusterIP"}}
+            return "created"
+        if not controlled_by_owner(current, body):
+            return "conflict"
+        update = service_update(current, body)
+        if update is None:
+            return "unchanged"
+        self._log("update_service", key)
+        self.services[key] = update
+        return "updated"
 
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
         self._log("patch_status", (kind, name))

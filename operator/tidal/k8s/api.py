@@ -14,6 +14,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tidal import API_GROUP, API_VERSION
+from tidal.k8s.manifests import controlled_by_owner, service_update
 
 log = structlog.get_logger("tidal")
 
@@ -93,6 +94,14 @@ class Api:
             if e.status != 404:
                 raise
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self._count("label_pod")
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": pod_labels}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def ensure_service(self, body: dict[str, Any]) -> None:
         self._count("create_service")
         try:
@@ -100,6 +109,30 @@ class Api:
         except ApiException as e:
             if e.status != 409:
                 raise
+
+    def apply_service(self, body: dict[str, Any]) -> str:
+        """Bring a Service to `body` in the fields tidal owns: "created", "updated", "unchanged"
+        (no write), or "conflict" (the name is taken by a Service another owner controls)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        self._count("get_service")
+        try:
+            read = self.core.read_namespaced_service(name, namespace)
+            current = self.core.api_client.sanitize_for_serialization(read)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self._count("create_service")
+            self.core.create_namespaced_service(namespace, body)
+            return "created"
+        if not controlled_by_owner(current, body):
+            return "conflict"
+        update = service_update(current, body)
+        if update is None:
+            return "unchanged"
+        self._count("update_service")
+        # A PUT carries the resourceVersion read: a concurrent change fails (409) and is retried.
+        self.core.replace_namespaced_service(name, namespace, update)
+        return "updated"
 
     # -- tidal resources --------------------------------------------------------------------
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:

@@ -83,6 +83,10 @@ class Controller:
         self.pending_memo: dict[str, tuple] = {}
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
+        self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
+        """Pool Services as last brought about: an unchanged one is not even read again until the
+        next resync (or a failed cycle) forgets this, so a user's edit or deletion is repaired then."""
+        self.service_conflicts: dict[tuple[str, str], float] = {}
 
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
@@ -102,6 +106,8 @@ class Controller:
         if now < self._next_resync:
             return False
         self._next_resync = now + self.settings.resync_seconds
+        # With the full listing, every pool Service is read again and repaired.
+        self.applied_services, self.service_conflicts = {}, {}
         return True
 
     def cycle(self, state: ClusterState | None = None) -> CycleReport | None:
@@ -151,6 +157,7 @@ class Controller:
         self._supernodes_seen.clear()
         self._overbooked.clear()
         self.pending_memo.clear()
+        self.applied_services, self.service_conflicts = {}, {}
 
     def stuck_report(self) -> str | None:
         """A message to log when the cycle is stuck (at most once per `max_cycle_age_seconds`)."""
@@ -207,6 +214,8 @@ class Controller:
             pending_memo=self.pending_memo,
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
+            applied_services=self.applied_services,
+            service_conflicts=self.service_conflicts,
         )
         log.debug(
             "cycle",
@@ -253,6 +262,9 @@ class Controller:
             del self.pending_memo[uid]
         for uid in [u for u in self._settled if u not in statuses]:
             del self._settled[uid]
+        for memo in (self.applied_services, self.service_conflicts):
+            for key in [k for k in memo if k not in cache.pools]:
+                del memo[key]  # the garbage collector removes a gone pool's Service
         report = CycleReport(cycle=cyc, statuses=statuses, pools=pools, overbooked_gpus=self._overbooked_gpus(cyc))
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,6 +21,11 @@ from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
 
+SERVICE_CONFLICT_RETRY_SECONDS = 30.0
+"""A pool Service name held by another owner is looked at again this often: soon enough for a pool
+deleted and made again (the old Service goes with the garbage collector), rarely enough not to read
+a user's Service of that name every cycle."""
+
 
 @dataclass
 class Cycle:
@@ -35,7 +41,14 @@ class Cycle:
     pod_creates: list[dict[str, Any]] = field(default_factory=list)
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    pod_labels: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     services: list[dict[str, Any]] = field(default_factory=list)
+    pool_services: list[dict[str, Any]] = field(default_factory=list)
+    """Every live pool's wanted Service this cycle (written at the flush only if it changed)."""
+    applied_services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(namespace, name) -> the pool Service body last brought about (kept across cycles)."""
+    service_conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(namespace, name) -> when (monotonic) to look again at a Service name another owner holds."""
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -103,6 +116,16 @@ class Cycle:
         """Create a gang's rendezvous Service (idempotent) before its pods, at the flush."""
         self.services.append(body)
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        """Merge labels into an existing pod at the flush."""
+        self.pod_labels.append((namespace, name, pod_labels))
+
+    def ensure_pool_service(self, body: dict[str, Any]) -> None:
+        """Bring a pool's Service to `body` at the flush: read, then created or updated only if it
+        differs; not even read while `body` equals what was last brought about (see
+        `Controller.resync_due`, which forgets that now and then so drift is repaired)."""
+        self.pool_services.append(body)
+
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
@@ -132,7 +155,33 @@ class Cycle:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
             self.api.parallel(_logged(lambda u: self.api.remove_gate(u[0], u[1], GANG_GATE, u[2])), self.ungates)
-        self.pod_deletes, self.pod_creates, self.ungates, self.services = [], [], [], []
+        if self.pod_labels:
+            self.api.parallel(_logged(lambda p: self.api.label_pod(*p)), self.pod_labels)
+        self._flush_pool_services()
+        self.pod_deletes, self.pod_creates, self.ungates, self.services, self.pod_labels = [], [], [], [], []
+
+    def _flush_pool_services(self) -> None:
+        now = time.monotonic()
+        todo = [
+            b
+            for b in self.pool_services
+            if self.applied_services.get(_meta_key(b)) != b and self.service_conflicts.get(_meta_key(b), 0.0) <= now
+        ]
+        self.pool_services = []
+        if not todo:
+            return
+        outcomes = self.api.parallel(_logged(self.api.apply_service), todo)
+        for body, outcome in zip(todo, outcomes, strict=True):
+            key = _meta_key(body)
+            if outcome is None:  # the call failed (logged): tried again next cycle
+                continue
+            if outcome == "conflict":
+                log.warning("service name taken by another owner", namespace=key[0], name=key[1])
+                self.service_conflicts[key] = now + SERVICE_CONFLICT_RETRY_SECONDS
+                continue
+            self.count(f"services:{outcome}")
+            self.service_conflicts.pop(key, None)
+            self.applied_services[key] = body
 
 
 def _meta(body: dict[str, Any]) -> dict[str, Any]:
