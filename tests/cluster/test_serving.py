@@ -120,6 +120,15 @@ def test_an_hpa_drives_the_pool_through_the_scale_subresource(
     set_hpa_bounds(kube, namespace, "chat", 3, 4)
     wait_pool(kube, namespace, "chat", requested=3, desired=3)
     assert len(kube.get("pods", "-n", namespace, "-l", "tidal.dev/pool=chat")["items"]) == 6
+    # Within its bounds the HPA reads CPU for the pods status.selector names: it parses the selector
+    # and lists those pods, then finds no metrics API (no metrics-server here). A selector it could
+    # not use would say InvalidSelector or FailedGetScale instead.
+    active = eventually(
+        lambda: (c := hpa_condition(kube, namespace, "chat", "ScalingActive")).get("reason") and c,
+        timeout=90,
+        what="the HPA to try the metric path",
+    )
+    assert active["reason"] == "FailedGetResourceMetric", active
 
     # The pool's maxReplicas bounds what the HPA asks for.
     set_hpa_bounds(kube, namespace, "chat", 6, 6)
