@@ -219,6 +219,20 @@ def test_the_pool_service_routes_to_ready_leaders_only(kube: Kube, controlled_cl
 
     eventually(routed, timeout=60, what="EndpointSlices list the three leaders")
 
+    # A Running leader that stops being Ready (its readiness probe failing) gets no traffic.
+    def set_ready(pod: str, ready: str) -> None:
+        patch = json.dumps({"status": {"conditions": [{"type": "Ready", "status": ready}]}})
+        kube.run("patch", "-n", namespace, "pod", pod, "--subresource=status", "--type=strategic", "-p", patch)
+
+    set_ready("serve-1-0", "False")
+    eventually(
+        lambda: endpoints(kube, namespace, "serve")[0] == leaders - {"serve-1-0"},
+        timeout=60,
+        what="the not-ready leader out of the ready endpoints",
+    )
+    set_ready("serve-1-0", "True")
+    eventually(routed, timeout=60, what="the leader back once Ready again")
+
     # The stuck pool has its Service too, and nothing to route to.
     eventually(lambda: kube.get("services", "-n", namespace, "stuck"), what="the stuck pool's Service")
     assert pool_status(kube, namespace, "stuck").get("placedReplicas") == 1
