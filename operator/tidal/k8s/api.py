@@ -17,6 +17,9 @@ from tidal import API_GROUP, API_VERSION
 
 log = structlog.get_logger("tidal")
 
+COMPUTE_DOMAIN_GROUP = "resource.nvidia.com"
+COMPUTE_DOMAIN_VERSION = "v1beta1"
+COMPUTE_DOMAIN_PLURAL = "computedomains"
 PLURALS = {"TrainingJob": "trainingjobs", "InferencePool": "inferencepools", "Supernode": "supernodes"}
 
 
@@ -99,6 +102,46 @@ class Api:
             self.core.create_namespaced_service(body["metadata"]["namespace"], body)
         except ApiException as e:
             if e.status != 409:
+                raise
+
+    # -- NVIDIA ComputeDomains (resource.nvidia.com) ------------------------------------------
+    def compute_domains_installed(self) -> bool:
+        """Whether the API server serves ComputeDomains (the NVIDIA DRA driver's CRD is installed).
+        A discovery read: any authenticated identity may make it."""
+        self._count("discover_compute_domains")
+        try:
+            resources = self.custom.get_api_resources(COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.name == COMPUTE_DOMAIN_PLURAL for r in resources.resources or [])
+
+    def create_compute_domain(self, body: dict[str, Any]) -> bool:
+        """True if created, False if it exists already (its spec is immutable: names are deterministic)."""
+        self._count("create_compute_domain")
+        try:
+            self.custom.create_namespaced_custom_object(
+                COMPUTE_DOMAIN_GROUP,
+                COMPUTE_DOMAIN_VERSION,
+                body["metadata"]["namespace"],
+                COMPUTE_DOMAIN_PLURAL,
+                body,
+            )
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self._count("delete_compute_domain")
+        try:
+            self.custom.delete_namespaced_custom_object(
+                COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, name
+            )
+        except ApiException as e:
+            if e.status != 404:
                 raise
 
     # -- tidal resources --------------------------------------------------------------------

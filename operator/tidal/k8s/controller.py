@@ -17,13 +17,14 @@ from typing import Any
 from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
+from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
+from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.rebalance import DemandTracker
 
@@ -83,6 +84,21 @@ class Controller:
         self.pending_memo: dict[str, tuple] = {}
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
+        self.domains = ComputeDomainSupport(self._probe_domains)
+        self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+
+    def _probe_domains(self) -> bool:
+        probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
+        return bool(probe()) if probe is not None else False
+
+    def domain_supernodes(self, members: dict[str, Any]) -> frozenset[str]:
+        """Recomputed only when membership was (any node relabel or Supernode change does that)."""
+        if self._domain_supernodes[0] is not members:
+            self._domain_supernodes = (
+                members,
+                domain_supernodes(members, self.cache.supernodes, self.cache.nodes),
+            )
+        return self._domain_supernodes[1]
 
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
@@ -207,6 +223,8 @@ class Controller:
             pending_memo=self.pending_memo,
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
+            domain_supernodes=self.domain_supernodes(members),
+            domains_installed=self.domains.installed,
         )
         log.debug(
             "cycle",
@@ -263,7 +281,12 @@ class Controller:
         keeper = self.keeper
         for view, status in statuses.values():
             source = None if view.deleting else status
-            grew = keeper.set_allocations(view.uid, source, allocations(view, status) if source is not None else ())
+            grew = keeper.set_allocations(
+                view.uid,
+                source,
+                allocations(view, status) if source is not None else (),
+                lambda view=view, status=status: domain_held_nodes(view, status),
+            )
             if grew and view.spec.get("preemptible"):
                 self.victims_added[int(view.spec.get("priority", 0))] += 1
         for view, status in pools.values():
