@@ -37,10 +37,10 @@ RACK_JOB = {"tp": 4, "ep": 18, "pp": 1, "gpusPerPod": 4, "template": TEMPLATE}
 
 
 def device_class() -> dict:
-    """The driver's DeviceClass from its Helm template: the Go-template lines dropped and the API
-    version the chart would fill in (resource.k8s.io/v1 in Kubernetes 1.36) set."""
+    """The driver's DeviceClass from its Helm template: the lines holding Go templates dropped and
+    the API version the chart would fill in (resource.k8s.io/v1 in Kubernetes 1.36) set."""
     text = Path(FIXTURES / "deviceclass-compute-domain-default-channel.helm-template.yaml").read_text()
-    body = yaml.safe_load("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("{{")))
+    body = yaml.safe_load("\n".join(line for line in text.splitlines() if "{{" not in line))
     body["apiVersion"] = "resource.k8s.io/v1"
     assert body["metadata"]["name"] == DEVICE_CLASS
     return body
@@ -94,7 +94,7 @@ class DriverController(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def dra_driver(kube: Kube, running_operator: OperatorProcess) -> Iterator[DriverController]:
+def dra_driver(kube: Kube, operator: OperatorProcess) -> Iterator[DriverController]:
     for crd in CRDS:
         kube.run("apply", "--server-side", "-f", str(crd))
         kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd))
