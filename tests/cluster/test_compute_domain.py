@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tidal.k8s.compact import from_wire
 from tidal.k8s.compute_domains import RECHECK_SECONDS
 
 from .kube import REPO, Kube, eventually
@@ -130,7 +131,7 @@ def assert_domains_and_claims_consistent(kube: Kube, namespace: str, job: str) -
     """One domain per rack the job uses, owned by the job; every pod claims its rack's domain and
     its claim is allocated (by kube-scheduler) on the pod's own node and reserved for the pod; no
     node's channel serves two domains. Returns group -> rack."""
-    st = status(kube, namespace, job)
+    st = from_wire(status(kube, namespace, job))
     rack_of = {g["group"]: g["supernode"] for g in st["placement"]}
     where = node_supernodes(kube)
     cds = domains(kube, namespace)
@@ -182,7 +183,9 @@ def test_two_rack_moe_job_runs_with_one_domain_per_rack_and_every_claim_allocate
         "numNodes": 0,
         "channel": {"allocationMode": "Single", "resourceClaimTemplate": {"name": f"moe-{rack_of[0]}-channel"}},
     }, "accepted by the real schema (allocationMode filled from its default)"
-    assert cd["status"]["status"] == "NotReady", "no IMEX daemon on KWOK: tidal did not wait for Ready"
+    # No IMEX daemon on KWOK, so no driver ever reports the domain Ready (its status is not even
+    # written): the job is Running all the same, as tidal does not hold the gates for Ready.
+    assert cd.get("status", {}).get("status", "NotReady") == "NotReady"
     assert {(namespace, f"moe-{r}-channel") for r in rack_of.values()} <= dra_driver.made
     conditions = {c["type"]: c for c in status(kube, namespace, "moe")["conditions"]}
     assert conditions["ComputeDomain"]["status"] == "True"
