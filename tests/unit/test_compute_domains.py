@@ -10,6 +10,7 @@ import datetime as dt
 import pytest
 
 from tidal.clock import FixedClock
+from tidal.k8s.compute_domains import RECHECK_SECONDS, ComputeDomainSupport
 from tidal.k8s.controller import Controller
 from tidal.k8s.manifests import GangShape, training_pods
 from tidal.placement.compute_domains import (
@@ -307,3 +308,62 @@ def test_a_domain_held_node_is_not_taken_by_a_gang_admitted_in_the_same_cycle():
     first = cluster.status("TrainingJob", "ml", "first")["placement"][0]["nodes"]
     second = cluster.status("TrainingJob", "ml", "second")["placement"][0]["nodes"]
     assert not set(first) & set(second)
+
+
+def test_a_refused_domain_holds_back_its_jobs_pods_until_both_can_be_made():
+    class RefusingDomains(FakeCluster):
+        refuse = True
+
+        def create_compute_domain(self, body):
+            if self.refuse:
+                raise RuntimeError("403 Forbidden: namespace is being terminated")
+            return super().create_compute_domain(body)
+
+    cluster = RefusingDomains("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert controller.failures == 0
+    assert not cluster.pods_of("tidal.dev/job", "moe"), "pods would wait on a template nobody makes"
+    cluster.refuse = False
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["phase"] == "Running"
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+
+
+def test_when_the_crd_goes_away_a_job_that_had_domains_says_so_and_forgets_them():
+    cluster = FakeCluster("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["computeDomains"]
+    cluster.compute_domain_crd = False
+    cluster.compute_domains.clear()  # the API server deletes the objects of a deleted CRD
+    controller.domains.forget()
+    view = cluster.get("TrainingJob", "ml", "moe")  # a new object: the job is reconciled again
+    cluster.objects[("TrainingJob", "ml", "moe")] = dataclasses.replace(view, resource_version="2", generation=2)
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["phase"] == "Running" and "computeDomains" not in status
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert (cond["status"], cond["reason"]) == ("False", "CRDNotInstalled")
+
+
+def test_the_crd_is_asked_again_after_the_recheck_interval_and_a_failed_read_keeps_the_last_answer():
+    answers: list[object] = [False, True, RuntimeError("connection refused")]
+    now = [0.0]
+
+    def probe() -> bool:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    support = ComputeDomainSupport(probe, clock=lambda: now[0])
+    assert support.installed() is False
+    now[0] += RECHECK_SECONDS / 2
+    assert support.installed() is False and len(answers) == 2, "cached"
+    now[0] += RECHECK_SECONDS
+    assert support.installed() is True
+    now[0] += RECHECK_SECONDS
+    assert support.installed() is True and not answers

@@ -131,8 +131,8 @@ class Cycle:
 
         A failed call (say, a namespace being deleted) is logged and retried by the next cycle,
         which will find the same difference between placement and pods; it never stops the rest.
-        A gang whose Service could not be made gets no pods this time, so the next cycle finds
-        them missing and makes both.
+        A gang whose Service or ComputeDomain could not be made gets no pods this time, so the
+        next cycle finds them missing and makes them all.
         """
         if self.pod_deletes:
             self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)

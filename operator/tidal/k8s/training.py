@@ -160,14 +160,17 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
     wanted = plan_domains(view.name, mode, status["placement"], cyc.domain_supernodes)
     conditions = status.get("conditions", [])
     if wanted and not cyc.domains_installed():
-        if mode == ComputeDomainMode.ENABLED:
+        before = condition(conditions, "ComputeDomain")
+        # Said on the job that asked for domains, or that had some (the CRD went away since).
+        if mode == ComputeDomainMode.ENABLED or before is not None:
             message = (
-                "spec.computeDomain is Enabled but the ComputeDomain CRD (resource.nvidia.com) is not installed: "
-                "pods run without IMEX channels (no multi-node NVLink); install the NVIDIA DRA driver for GPUs"
+                "the ComputeDomain CRD (resource.nvidia.com) is not installed: pods run without IMEX channels "
+                "(no multi-node NVLink); install the NVIDIA DRA driver for GPUs with compute domains enabled"
             )
-            before = condition(conditions, "ComputeDomain")
-            if not before or before.get("reason") != "CRDNotInstalled":
-                cyc.event(view, "ComputeDomainUnavailable", message, warning=True)
+            if mode == ComputeDomainMode.ENABLED and (not before or before.get("reason") != "CRDNotInstalled"):
+                cyc.event(
+                    view, "ComputeDomainUnavailable", f"spec.computeDomain is Enabled but {message}", warning=True
+                )
             status["conditions"] = set_condition(
                 conditions, "ComputeDomain", False, "CRDNotInstalled", message, cyc.stamp
             )
