@@ -164,6 +164,8 @@ class FakeCluster:
             raise RuntimeError("404 Not Found: computedomains.resource.nvidia.com")
         key = (meta["namespace"], meta["name"])
         if key in self.compute_domains:
+            if self.compute_domains[key]["metadata"].get("deletionTimestamp"):
+                raise RuntimeError(f"ComputeDomain {key} is still being deleted")
             return False
         self.compute_domains[key] = body
         return True

@@ -367,3 +367,52 @@ def test_the_crd_is_asked_again_after_the_recheck_interval_and_a_failed_read_kee
     assert support.installed() is True
     now[0] += RECHECK_SECONDS
     assert support.installed() is True and not answers
+
+
+def test_a_domain_of_the_same_name_still_being_deleted_holds_the_pods_back_until_it_is_gone():
+    """Say the job was preempted and is re-admitted on the same rack while the driver's finalizer
+    still holds its old domain: pods claiming that domain's template now would lose it."""
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    old = {"metadata": {"name": "moe-nvl72-0000", "namespace": "ml", "deletionTimestamp": "2026-05-01T00:00:00Z"}}
+    cluster.compute_domains[("ml", "moe-nvl72-0000")] = old
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert not cluster.pods_of("tidal.dev/job", "moe")
+    del cluster.compute_domains[("ml", "moe-nvl72-0000")]  # the driver let it go
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["phase"] == "Running"
+    assert "deletionTimestamp" not in cluster.compute_domains[("ml", "moe-nvl72-0000")]["metadata"]
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+
+
+class _CustomObjects:
+    """CustomObjectsApi as far as create_compute_domain uses it: the name is taken (409)."""
+
+    def __init__(self, existing: dict):
+        self.existing = existing
+
+    def create_namespaced_custom_object(self, *args):
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=409, reason="AlreadyExists")
+
+    def get_namespaced_custom_object(self, *args):
+        return self.existing
+
+
+@pytest.mark.parametrize("terminating", [False, True])
+def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminating):
+    from kubernetes import client
+
+    from tidal.k8s.api import Api, DomainTerminating
+
+    api = Api(client.ApiClient(), workers=1)
+    meta = {"name": "moe-nvl72-0000", "namespace": "ml"}
+    api.custom = _CustomObjects({"metadata": {**meta, **({"deletionTimestamp": "t"} if terminating else {})}})
+    body = {"metadata": meta}
+    if terminating:
+        with pytest.raises(DomainTerminating):
+            api.create_compute_domain(body)
+    else:
+        assert api.create_compute_domain(body) is False

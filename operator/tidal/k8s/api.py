@@ -17,6 +17,11 @@ from tidal import API_GROUP, API_VERSION
 
 log = structlog.get_logger("tidal")
 
+
+class DomainTerminating(RuntimeError):
+    """A ComputeDomain of the wanted name exists but is being deleted."""
+
+
 COMPUTE_DOMAIN_GROUP = "resource.nvidia.com"
 COMPUTE_DOMAIN_VERSION = "v1beta1"
 COMPUTE_DOMAIN_PLURAL = "computedomains"
@@ -118,21 +123,28 @@ class Api:
         return any(r.name == COMPUTE_DOMAIN_PLURAL for r in resources.resources or [])
 
     def create_compute_domain(self, body: dict[str, Any]) -> bool:
-        """True if created, False if it exists already (its spec is immutable: names are deterministic)."""
+        """True if created, False if it exists already (its spec is immutable: names are deterministic).
+
+        Raises DomainTerminating when one of that name is still being deleted (the driver's
+        finalizer waits for its IMEX daemons): pods made now would claim a template about to go,
+        so the caller holds them back and tries again next cycle."""
         self._count("create_compute_domain")
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             self.custom.create_namespaced_custom_object(
-                COMPUTE_DOMAIN_GROUP,
-                COMPUTE_DOMAIN_VERSION,
-                body["metadata"]["namespace"],
-                COMPUTE_DOMAIN_PLURAL,
-                body,
+                COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, body
             )
             return True
         except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+            if e.status != 409:
+                raise
+        self._count("get_compute_domain")
+        existing = self.custom.get_namespaced_custom_object(
+            COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, name
+        )
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            raise DomainTerminating(f"ComputeDomain {namespace}/{name} is still being deleted")
+        return False
 
     def delete_compute_domain(self, namespace: str, name: str) -> None:
         self._count("delete_compute_domain")
