@@ -18,7 +18,6 @@ from tidal.placement.compute_domains import (
     NAME_MAX,
     add_channel_claim,
     claims_by_group,
-    domain_conflicts,
     domain_name,
     exclusive_nodes,
     job_uses_domain,
@@ -112,11 +111,6 @@ def test_the_claim_goes_on_the_pod_and_its_gpu_container_once_keeping_the_users_
     ]
     assert spec["containers"][0]["resources"]["claims"] == [{"name": "scratch"}, {"name": CLAIM_NAME}]
     assert "resources" not in spec["containers"][1]
-
-
-def test_domain_conflicts_names_nodes_held_by_two_domains():
-    assert domain_conflicts({"x": ["n1", "n2"], "y": ["n3"]}) == {}
-    assert domain_conflicts({"x": ["n1", "n2"], "y": ["n2"]}) == {"n2": {"x", "y"}}
 
 
 def test_pods_of_each_group_claim_their_own_supernodes_template():

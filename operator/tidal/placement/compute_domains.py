@@ -117,12 +117,3 @@ def exclusive_nodes(domains: Mapping[str, DomainPlan], placement: Iterable[Mappi
     node serve one domain at a time, so no other gang may share them."""
     on = set(domains)
     return {node for entry in placement if entry["supernode"] in on for node in entry["nodes"]}
-
-
-def domain_conflicts(holders: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
-    """Node -> the domains holding it, for nodes held by more than one (must always be empty)."""
-    by_node: dict[str, set[str]] = {}
-    for domain, nodes in holders.items():
-        for node in nodes:
-            by_node.setdefault(node, set()).add(domain)
-    return {node: ds for node, ds in by_node.items() if len(ds) > 1}
