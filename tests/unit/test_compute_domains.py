@@ -410,3 +410,20 @@ def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminati
             api.create_compute_domain(body)
     else:
         assert api.create_compute_domain(body) is False
+
+
+def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_serves_both():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    low = {**RACK, "dp": 1, "preemptible": True, "checkpoint": {"gracePeriodSeconds": 0}}
+    cluster.add("TrainingJob", "ml", "low", low)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert set(domains_of(cluster)) == {"low-nvl72-0000"}
+    cluster.add("TrainingJob", "ml", "high", {**RACK, "dp": 1, "priority": 100})
+    run(cluster, controller, cycles=6)
+    assert cluster.status("TrainingJob", "ml", "low")["phase"] == "Pending"
+    assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"
+    assert set(domains_of(cluster)) == {"high-nvl72-0000"}, "the victim's domain went with its pods"
+    assert "computeDomains" not in cluster.status("TrainingJob", "ml", "low")
+    assert_pods_claim_their_racks_domain(cluster, "high")
+    assert not cluster.pods_of("tidal.dev/job", "low")
