@@ -162,6 +162,24 @@ def test_install_rbac_and_dashboard_queries(
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     assert as_sa.run("auth", "can-i", "get", "secrets", "-n", "kube-system", check=False).stdout.strip() == "no"
     assert as_sa.run("auth", "can-i", "create", "pods", "-n", namespace).stdout.strip() == "yes"
+    # ComputeDomains (GB200 NVL72): made and pruned, nothing more (the CRD's presence is discovery).
+    # Asked as a SelfSubjectAccessReview: `kubectl auth can-i` answers "no" for a resource type
+    # the API server does not serve, and the driver's CRD is not installed here.
+    for verb, allowed in (("create", True), ("delete", True), ("get", True), ("update", False)):
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "group": "resource.nvidia.com",
+                    "resource": "computedomains",
+                    "verb": verb,
+                    "namespace": namespace,
+                }
+            },
+        }
+        answer = json.loads(as_sa.run("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)
+        assert answer["status"].get("allowed", False) is allowed, (verb, answer["status"])
 
     # Sufficient: with only that identity, the operator runs both scenarios.
     operator.stop()  # one acting operator at a time

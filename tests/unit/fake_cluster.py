@@ -31,7 +31,10 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 class FakeCluster:
-    def __init__(self, shape: str = "nvl72", supernodes: int = 4):
+    def __init__(self, shape: str = "nvl72", supernodes: int = 4, clique: bool = False):
+        """`clique`: label nodes with nvidia.com/gpu.clique as GPU feature discovery does on GB200."""
+        self.compute_domains: dict[tuple[str, str], dict[str, Any]] = {}
+        self.compute_domain_crd = True
         self.calls: list[tuple[str, Any]] = []
         self.requests: Counter[str] = Counter()
         self.nodes: dict[str, NodeView] = {}
@@ -43,7 +46,14 @@ class FakeCluster:
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
                     {
-                        "metadata": {"name": n.name, "labels": {labels.SUPERNODE: sn.name, labels.BLOCK: sn.block}},
+                        "metadata": {
+                            "name": n.name,
+                            "labels": {
+                                labels.SUPERNODE: sn.name,
+                                labels.BLOCK: sn.block,
+                                **({labels.GPU_CLIQUE: f"clique-{sn.name}"} if clique else {}),
+                            },
+                        },
                         "status": {
                             "allocatable": {n.accelerator: str(n.gpus)},
                             "conditions": [{"type": "Ready", "status": "True"}],
@@ -169,6 +179,27 @@ class FakeCluster:
         self._log("update_service", key)
         self.services[key] = update
         return "updated"
+
+    def compute_domains_installed(self) -> bool:
+        self._log("discover_compute_domains", None)
+        return self.compute_domain_crd
+
+    def create_compute_domain(self, body: dict[str, Any]) -> bool:
+        meta = body["metadata"]
+        self._log("create_compute_domain", meta["name"])
+        if not self.compute_domain_crd:
+            raise RuntimeError("404 Not Found: computedomains.resource.nvidia.com")
+        key = (meta["namespace"], meta["name"])
+        if key in self.compute_domains:
+            if self.compute_domains[key]["metadata"].get("deletionTimestamp"):
+                raise RuntimeError(f"ComputeDomain {key} is still being deleted")
+            return False
+        self.compute_domains[key] = body
+        return True
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self._log("delete_compute_domain", name)
+        self.compute_domains.pop((namespace, name), None)
 
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
         self._log("patch_status", (kind, name))

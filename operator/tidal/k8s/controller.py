@@ -17,13 +17,14 @@ from typing import Any
 from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
+from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
+from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.rebalance import DemandTracker
 
@@ -87,6 +88,21 @@ class Controller:
         """Pool Services as last brought about: an unchanged one is not even read again until the
         next resync (or a failed cycle) forgets this, so a user's edit or deletion is repaired then."""
         self.service_conflicts: dict[tuple[str, str], float] = {}
+        self.domains = ComputeDomainSupport(self._probe_domains)
+        self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+
+    def _probe_domains(self) -> bool:
+        probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
+        return bool(probe()) if probe is not None else False
+
+    def domain_supernodes(self, members: dict[str, Any]) -> frozenset[str]:
+        """Recomputed only when membership was (any node relabel or Supernode change does that)."""
+        if self._domain_supernodes[0] is not members:
+            self._domain_supernodes = (
+                members,
+                domain_supernodes(members, self.cache.supernodes, self.cache.nodes),
+            )
+        return self._domain_supernodes[1]
 
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
@@ -216,6 +232,8 @@ class Controller:
             evictions_started=self.evictions_started,
             applied_services=self.applied_services,
             service_conflicts=self.service_conflicts,
+            domain_supernodes=self.domain_supernodes(members),
+            domains_installed=self.domains.installed,
         )
         log.debug(
             "cycle",
@@ -275,7 +293,12 @@ class Controller:
         keeper = self.keeper
         for view, status in statuses.values():
             source = None if view.deleting else status
-            grew = keeper.set_allocations(view.uid, source, allocations(view, status) if source is not None else ())
+            grew = keeper.set_allocations(
+                view.uid,
+                source,
+                allocations(view, status) if source is not None else (),
+                lambda view=view, status=status: domain_held_nodes(view, status),
+            )
             if grew and view.spec.get("preemptible"):
                 self.victims_added[int(view.spec.get("priority", 0))] += 1
         for view, status in pools.values():

@@ -60,6 +60,12 @@ class Cycle:
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
     """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
+    domain_supernodes: frozenset[str] = frozenset()
+    """Supernodes whose own choice is to give jobs NVIDIA ComputeDomains (multi-node NVLink)."""
+    domains_installed: Callable[[], bool] = lambda: False
+    """Whether the ComputeDomain CRD is served (asked only when a job wants a domain)."""
+    domain_creates: list[dict[str, Any]] = field(default_factory=list)
+    domain_deletes: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def stamp(self) -> str:
@@ -86,7 +92,13 @@ class Cycle:
     @property
     def actions(self) -> int:
         """Pod actions queued so far: a reconcile that queued none changed nothing outside."""
-        return len(self.pod_creates) + len(self.pod_deletes) + len(self.ungates)
+        return (
+            len(self.pod_creates)
+            + len(self.pod_deletes)
+            + len(self.ungates)
+            + len(self.domain_creates)
+            + len(self.domain_deletes)
+        )
 
     def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, str]) -> None:
         """Pods not in `expected` (pod name -> node), or pinned elsewhere (their group moved)."""
@@ -126,19 +138,44 @@ class Cycle:
         `Controller.resync_due`, which forgets that now and then so drift is repaired)."""
         self.pool_services.append(body)
 
+    def ensure_compute_domain(self, body: dict[str, Any]) -> None:
+        """Create a job's ComputeDomain (idempotent) before the pods that claim its channel."""
+        self.domain_creates.append(body)
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self.domain_deletes.append((namespace, name))
+
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
     def flush_pods(self) -> None:
-        """Deletes first (they free names and GPUs), then Services, then creates, then gate removals.
+        """Deletes first (they free names and GPUs), then ComputeDomains and Services, then creates,
+        then gate removals.
 
         A failed call (say, a namespace being deleted) is logged and retried by the next cycle,
         which will find the same difference between placement and pods; it never stops the rest.
-        A gang whose Service could not be made gets no pods this time, so the next cycle finds
-        them missing and makes both.
+        A gang whose Service or ComputeDomain could not be made gets no pods this time, so the
+        next cycle finds them missing and makes them all.
         """
         if self.pod_deletes:
             self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
+        if self.domain_deletes:
+            self.api.parallel(_logged(lambda d: self.api.delete_compute_domain(*d)), self.domain_deletes)
+        refused: set[tuple[str, str]] = set()
+        if self.domain_creates:
+
+            def create_domain(body: dict[str, Any]) -> bool:
+                self.api.create_compute_domain(body)
+                return True
+
+            made = self.api.parallel(_logged(create_domain), self.domain_creates)
+            # A job whose domain was refused gets no pods now: made without their claim's domain
+            # they would wait on a template nobody makes; the next cycle tries both again.
+            refused = {
+                (_meta(body)["namespace"], _meta(body)["labels"][JOB])
+                for body, ok in zip(self.domain_creates, made, strict=True)
+                if not ok
+            }
         if self.services:
 
             def create_service(body: dict[str, Any]) -> bool:
@@ -146,11 +183,11 @@ class Cycle:
                 return True
 
             made = self.api.parallel(_logged(create_service), self.services)
-            failed = {_meta_key(body) for body, ok in zip(self.services, made, strict=True) if not ok}
-            if failed:
-                self.pod_creates = [
-                    p for p in self.pod_creates if (_meta(p)["namespace"], _meta(p)["labels"].get(JOB)) not in failed
-                ]
+            refused |= {_meta_key(body) for body, ok in zip(self.services, made, strict=True) if not ok}
+        if refused:
+            self.pod_creates = [
+                p for p in self.pod_creates if (_meta(p)["namespace"], _meta(p)["labels"].get(JOB)) not in refused
+            ]
         if self.pod_creates:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
@@ -159,6 +196,7 @@ class Cycle:
             self.api.parallel(_logged(lambda p: self.api.label_pod(*p)), self.pod_labels)
         self._flush_pool_services()
         self.pod_deletes, self.pod_creates, self.ungates, self.services, self.pod_labels = [], [], [], [], []
+        self.domain_creates, self.domain_deletes = [], []
 
     def _flush_pool_services(self) -> None:
         now = time.monotonic()

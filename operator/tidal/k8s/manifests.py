@@ -13,6 +13,7 @@ from typing import Any
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s import labels
+from tidal.placement.compute_domains import DomainPlan, add_channel_claim
 
 MASTER_PORT = 29500
 
@@ -137,9 +138,16 @@ def pinned_node(pod: dict[str, Any]) -> str:
 
 
 def training_pods(
-    job: str, namespace: str, uid: str, spec: dict[str, Any], shape: GangShape, group_nodes: dict[int, list[str]]
+    job: str,
+    namespace: str,
+    uid: str,
+    spec: dict[str, Any],
+    shape: GangShape,
+    group_nodes: dict[int, list[str]],
+    claims: dict[int, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Pod name -> manifest for every pod of the placed groups (group index -> node per pod)."""
+    """Pod name -> manifest for every pod of the placed groups (group index -> node per pod);
+    `claims`: group -> the ResourceClaimTemplate of its supernode's ComputeDomain."""
     owner = owner_reference("TrainingJob", job, uid)
     master = f"{pod_name(job, 0)}.{job}.{namespace}.svc"
     pods = {}
@@ -173,7 +181,30 @@ def training_pods(
                 env=env,
                 subdomain=job,
             )
+            template = (claims or {}).get(group)
+            if template:
+                add_channel_claim(pods[name]["spec"], template)  # the first container holds the GPUs
     return pods
+
+
+def compute_domain(namespace: str, owner_uid: str, job: str, domain: DomainPlan) -> dict[str, Any]:
+    """The NVIDIA ComputeDomain of one job on one supernode, owned by the job (deleted with it).
+
+    numNodes stays 0, as the driver recommends with its default IMEXDaemonsWithDNSNames: each
+    pod is released once the IMEX daemon of its own node runs, so nothing waits for a count."""
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {
+            "name": domain.name,
+            "namespace": namespace,
+            "labels": {labels.JOB: job, labels.MANAGED_BY: "tidal"},
+            # An annotation, not a label: a supernode's name may be longer than a label value.
+            "annotations": {labels.SUPERNODE: domain.supernode},
+            "ownerReferences": [owner_reference("TrainingJob", job, owner_uid)],
+        },
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": domain.template}}},
+    }
 
 
 def headless_service(job: str, namespace: str, uid: str) -> dict[str, Any]:
