@@ -62,3 +62,23 @@ def eventually(check: Callable[[], Any], timeout: float = 60, interval: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
         time.sleep(interval)
+
+
+def token_kubeconfig(kube: Kube, service_account: str, namespace: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount with a real token, for RBAC checks."""
+    token = kube.run("create", "token", service_account, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "sa",
+                "clusters": [{"name": "kwok", "cluster": cluster}],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "kwok", "user": "sa"}}],
+            }
+        )
+    )
+    return path

@@ -18,7 +18,7 @@ import yaml
 
 from tidal.dashboard import queries
 
-from .kube import REPO, Kube, eventually
+from .kube import REPO, Kube, eventually, token_kubeconfig
 from .operator_process import OperatorProcess, free_port
 from .test_operator import job, pods_of, submit, wait_phase
 from .test_tide import pool, pool_status
@@ -80,22 +80,7 @@ def test_helm_lint_and_template(kube: Kube):
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount, with a real token."""
-    token = kube.run("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "sa",
-                "clusters": [{"name": "kwok", "cluster": cluster}],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "kwok", "user": "sa"}}],
-            }
-        )
-    )
-    return path
+    return token_kubeconfig(kube, SERVICE_ACCOUNT, NAMESPACE, path)
 
 
 @pytest.fixture
@@ -177,6 +162,24 @@ def test_install_rbac_and_dashboard_queries(
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     assert as_sa.run("auth", "can-i", "get", "secrets", "-n", "kube-system", check=False).stdout.strip() == "no"
     assert as_sa.run("auth", "can-i", "create", "pods", "-n", namespace).stdout.strip() == "yes"
+    # ComputeDomains (GB200 NVL72): made and pruned, nothing more (the CRD's presence is discovery).
+    # Asked as a SelfSubjectAccessReview: `kubectl auth can-i` answers "no" for a resource type
+    # the API server does not serve, and the driver's CRD is not installed here.
+    for verb, allowed in (("create", True), ("delete", True), ("get", True), ("update", False)):
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "group": "resource.nvidia.com",
+                    "resource": "computedomains",
+                    "verb": verb,
+                    "namespace": namespace,
+                }
+            },
+        }
+        answer = json.loads(as_sa.run("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)
+        assert answer["status"].get("allowed", False) is allowed, (verb, answer["status"])
 
     # Sufficient: with only that identity, the operator runs both scenarios.
     operator.stop()  # one acting operator at a time
@@ -194,8 +197,18 @@ def test_install_rbac_and_dashboard_queries(
     sa_operator.start()
     prometheus, prom_port = start_prometheus(tmp_path, metrics_port)
     try:
+        serving = {
+            "spec": {
+                "containers": [
+                    {"name": "server", "image": "server:latest", "ports": [{"name": "http", "containerPort": 8000}]}
+                ]
+            }
+        }
         submit(
-            kube, namespace, job("rbac-train", tp=4, ep=4, pp=2, dp=2), pool("rbac-pool", minReplicas=2, maxReplicas=2)
+            kube,
+            namespace,
+            job("rbac-train", tp=4, ep=4, pp=2, dp=2),
+            pool("rbac-pool", minReplicas=2, maxReplicas=2, template=serving),
         )
         wait_phase(kube, namespace, "rbac-train", "Running", timeout=120)
         eventually(
@@ -204,6 +217,16 @@ def test_install_rbac_and_dashboard_queries(
             what="pool ready under the chart's RBAC",
         )
         assert len(pods_of(kube, namespace, "rbac-train")) == 16
+
+        # The pool's Service is created, then updated (its port follows the template): both allowed.
+        def service_port():
+            return kube.get("service", "rbac-pool", "-n", namespace)["spec"]["ports"][0]["port"]
+
+        eventually(lambda: service_port() == 8000, timeout=30, what="the pool's Service under the chart's RBAC")
+        serving["spec"]["containers"][0]["ports"][0]["containerPort"] = 8080
+        patch = json.dumps({"spec": {"template": serving}})
+        kube.run("patch", "-n", namespace, "inferencepools.tidal.dev", "rbac-pool", "--type=merge", "-p", patch)
+        eventually(lambda: service_port() == 8080, timeout=30, what="the Service updated under the chart's RBAC")
         events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=rbac-train")["items"]
         assert any(e["reason"] == "Admitted" for e in events), "events are allowed"
         assert "Forbidden" not in sa_operator.logs() and "forbidden" not in sa_operator.logs()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .kube import Kube, eventually
+import pytest
+
+from .kube import Kube, eventually, token_kubeconfig
 from .operator_process import OperatorProcess
 from .test_operator import assert_gangs_sound, job, pods_of, submit, wait_phase
 
@@ -37,3 +39,81 @@ def test_standby_replica_waits_then_takes_over(
     wait_phase(kube, namespace, "after", "Running")
     assert len(pods_of(kube, namespace, "led")) == 2 and len(pods_of(kube, namespace, "after")) == 2
     assert_gangs_sound(kube)
+
+
+def test_missing_peering_object_is_created_not_waited_for(kube: Kube, namespace: str, tmp_path: Path):
+    """kopf with a peering name waits, paused and silent, for an object nobody made: tidal makes
+    it. This second operator serves only an empty namespace (--namespace), so it takes no job from
+    the session operator."""
+    name = "tidal-made-here"
+    kube.delete("clusterkopfpeering", name)
+    op = OperatorProcess(kube.kubeconfig, tmp_path, "--namespace", namespace, "--peering-name", name)
+    op.start()
+    try:
+        peering = eventually(
+            lambda: kube.get("clusterkopfpeering", name).get("status"),
+            timeout=60,
+            what="the created ClusterKopfPeering to carry this replica's keep-alive",
+        )
+        assert len(peering) == 1, peering
+        assert f"created the missing ClusterKopfPeering '{name}'" in op.logs()
+    finally:
+        op.kill()
+        kube.delete("clusterkopfpeering", name)
+
+
+def test_peering_that_cannot_be_created_stops_the_operator_with_the_reason(kube: Kube, namespace: str, tmp_path: Path):
+    """An identity that may not create the peering object gets a non-zero exit naming the object
+    and the ways out, instead of an operator that idles forever."""
+    kube.run("create", "serviceaccount", "nobody", "-n", namespace)
+    kubeconfig = token_kubeconfig(kube, "nobody", namespace, tmp_path / "nobody.kubeconfig")
+    op = OperatorProcess(kubeconfig, tmp_path, "--peering-name", "tidal-nobody-may-make")
+    with pytest.raises(RuntimeError, match="operator exited"):
+        op.start()
+    assert op.proc is not None and op.proc.wait(10) == 2
+    logs = op.logs()
+    assert "ClusterKopfPeering 'tidal-nobody-may-make'" in logs and "may not create it" in logs, logs[-2000:]
+    assert "--standalone" in logs
+    assert kube.run("get", "clusterkopfpeering", "tidal-nobody-may-make", check=False).returncode != 0
+
+
+def test_namespace_mode_serves_its_namespaces_and_counts_every_gpu_pod(
+    kube: Kube, running_operator: OperatorProcess, namespace: str, tmp_path: Path
+):
+    """`--namespace` limits the jobs served, not the pods seen: a GPU pod in another namespace
+    still takes its GPUs from the supernode's free count (kopf scoped to a namespace would not see
+    it, and tidal would book those GPUs twice)."""
+    running_operator.kill()  # the namespaced operator must be the only one acting
+    other = f"{namespace}-x"[:63]
+    kube.run("create", "namespace", other)
+    op = OperatorProcess(kube.kubeconfig, tmp_path, "--namespace", namespace, "--priority", "5")
+    op.start()
+    try:
+        submit(kube, other, job("unserved", tp=4, ep=1, pp=1, dp=1))
+        submit(kube, namespace, job("served", tp=4, ep=1, pp=1, dp=1))
+        wait_phase(kube, namespace, "served", "Running")
+        assert kube.get("trainingjob", "unserved", "-n", other).get("status", {}).get("phase") is None
+        used = {p["spec"].get("nodeName") for p in pods_of(kube, namespace, "served")}
+        supernode = kube.get("supernodes")["items"][0]
+        node = next(n for n in reversed(supernode["status"]["nodes"]) if n not in used)
+        before = supernode["status"]["gpus"]["allocated"]
+        foreign = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "foreign-gpu-user"},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 4}}}],
+            },
+        }
+        submit(kube, other, foreign)
+        name = supernode["metadata"]["name"]
+        eventually(
+            lambda: kube.get("supernode", name)["status"]["gpus"]["allocated"] == before + 4,
+            timeout=60,
+            what=f"the foreign pod's 4 GPUs on {node} counted in {name}'s status",
+        )
+    finally:
+        op.kill()
+        kube.delete("namespace", other)
+    assert "unserved" not in op.logs()

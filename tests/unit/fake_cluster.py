@@ -11,6 +11,7 @@ from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.compact import from_wire
+from tidal.k8s.manifests import controlled_by_owner, service_update
 from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
 from tidal.topology.fleet import build_fleet
 
@@ -30,17 +31,29 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 class FakeCluster:
-    def __init__(self, shape: str = "nvl72", supernodes: int = 4):
+    def __init__(self, shape: str = "nvl72", supernodes: int = 4, clique: bool = False):
+        """`clique`: label nodes with nvidia.com/gpu.clique as GPU feature discovery does on GB200."""
+        self.compute_domains: dict[tuple[str, str], dict[str, Any]] = {}
+        self.compute_domain_crd = True
         self.calls: list[tuple[str, Any]] = []
         self.requests: Counter[str] = Counter()
         self.nodes: dict[str, NodeView] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.objects: dict[tuple[str, str | None, str], ResourceView] = {}
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        """Services made by apply_service (the pools'), as the API server would return them."""
         for sn in build_fleet(shape, supernodes):
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
                     {
-                        "metadata": {"name": n.name, "labels": {labels.SUPERNODE: sn.name, labels.BLOCK: sn.block}},
+                        "metadata": {
+                            "name": n.name,
+                            "labels": {
+                                labels.SUPERNODE: sn.name,
+                                labels.BLOCK: sn.block,
+                                **({labels.GPU_CLIQUE: f"clique-{sn.name}"} if clique else {}),
+                            },
+                        },
                         "status": {
                             "allocatable": {n.accelerator: str(n.gpus)},
                             "conditions": [{"type": "Ready", "status": "True"}],
@@ -140,8 +153,53 @@ class FakeCluster:
             meta = pod["metadata"]
             pod["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self._log("label_pod", (name, pod_labels))
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            meta = pod["metadata"]
+            pod["metadata"] = {**meta, "labels": {**(meta.get("labels") or {}), **pod_labels}}
+
     def ensure_service(self, body: dict[str, Any]) -> None:
         self._log("create_service", body["metadata"]["name"])
+
+    def apply_service(self, body: dict[str, Any]) -> str:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        self._log("get_service", key)
+        current = self.services.get(key)
+        if current is None:
+            self._log("create_service", key)
+            self.services[key] = {**body, "spec": {**body["spec"], "clusterIP": "10.96.0.10", "type": "ClusterIP"}}
+            return "created"
+        if not controlled_by_owner(current, body):
+            return "conflict"
+        update = service_update(current, body)
+        if update is None:
+            return "unchanged"
+        self._log("update_service", key)
+        self.services[key] = update
+        return "updated"
+
+    def compute_domains_installed(self) -> bool:
+        self._log("discover_compute_domains", None)
+        return self.compute_domain_crd
+
+    def create_compute_domain(self, body: dict[str, Any]) -> bool:
+        meta = body["metadata"]
+        self._log("create_compute_domain", meta["name"])
+        if not self.compute_domain_crd:
+            raise RuntimeError("404 Not Found: computedomains.resource.nvidia.com")
+        key = (meta["namespace"], meta["name"])
+        if key in self.compute_domains:
+            if self.compute_domains[key]["metadata"].get("deletionTimestamp"):
+                raise RuntimeError(f"ComputeDomain {key} is still being deleted")
+            return False
+        self.compute_domains[key] = body
+        return True
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self._log("delete_compute_domain", name)
+        self.compute_domains.pop((namespace, name), None)
 
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
         self._log("patch_status", (kind, name))

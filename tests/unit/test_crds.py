@@ -44,7 +44,9 @@ def test_schemas_are_structural_and_described():
     for k in RESOURCE_KINDS:
         crd = yaml.safe_load(render_crds()[f"tidal.dev_{k.plural}.yaml"])
         version = crd["spec"]["versions"][0]
-        assert version["subresources"] == {"status": {}}
+        # Status on every kind; scale (for HPA/KEDA) only on InferencePool, whose paths must exist.
+        scale = {"scale": k.scale} if k.kind == "InferencePool" else {}
+        assert version["subresources"] == {"status": {}, **scale}
         schema = version["schema"]["openAPIV3Schema"]
         for path, node in _walk(schema):
             assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
@@ -52,6 +54,11 @@ def test_schemas_are_structural_and_described():
             if "properties" in node and path.count(".properties.") >= 1:
                 for name, sub in node["properties"].items():
                     assert sub.get("description"), f"{path}.{name} has no description for kubectl explain"
+        for path in (k.scale or {}).values():  # ".spec.replicas" -> spec, replicas in the schema
+            node = schema
+            for part in path.lstrip(".").split("."):
+                node = node["properties"][part]
+            assert node["type"] in ("integer", "string"), path
 
 
 def test_cross_field_rules_are_cel_validations():

@@ -14,9 +14,18 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tidal import API_GROUP, API_VERSION
+from tidal.k8s.manifests import controlled_by_owner, service_update
 
 log = structlog.get_logger("tidal")
 
+
+class DomainTerminating(RuntimeError):
+    """A ComputeDomain of the wanted name exists but is being deleted."""
+
+
+COMPUTE_DOMAIN_GROUP = "resource.nvidia.com"
+COMPUTE_DOMAIN_VERSION = "v1beta1"
+COMPUTE_DOMAIN_PLURAL = "computedomains"
 PLURALS = {"TrainingJob": "trainingjobs", "InferencePool": "inferencepools", "Supernode": "supernodes"}
 
 
@@ -93,12 +102,91 @@ class Api:
             if e.status != 404:
                 raise
 
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self._count("label_pod")
+        try:
+            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": pod_labels}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def ensure_service(self, body: dict[str, Any]) -> None:
         self._count("create_service")
         try:
             self.core.create_namespaced_service(body["metadata"]["namespace"], body)
         except ApiException as e:
             if e.status != 409:
+                raise
+
+    def apply_service(self, body: dict[str, Any]) -> str:
+        """Bring a Service to `body` in the fields tidal owns: "created", "updated", "unchanged"
+        (no write), or "conflict" (the name is taken by a Service another owner controls)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        self._count("get_service")
+        try:
+            read = self.core.read_namespaced_service(name, namespace)
+            current = self.core.api_client.sanitize_for_serialization(read)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self._count("create_service")
+            self.core.create_namespaced_service(namespace, body)
+            return "created"
+        if not controlled_by_owner(current, body):
+            return "conflict"
+        update = service_update(current, body)
+        if update is None:
+            return "unchanged"
+        self._count("update_service")
+        # A PUT carries the resourceVersion read: a concurrent change fails (409) and is retried.
+        self.core.replace_namespaced_service(name, namespace, update)
+        return "updated"
+
+    # -- NVIDIA ComputeDomains (resource.nvidia.com) ------------------------------------------
+    def compute_domains_installed(self) -> bool:
+        """Whether the API server serves ComputeDomains (the NVIDIA DRA driver's CRD is installed).
+        A discovery read: any authenticated identity may make it."""
+        self._count("discover_compute_domains")
+        try:
+            resources = self.custom.get_api_resources(COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.name == COMPUTE_DOMAIN_PLURAL for r in resources.resources or [])
+
+    def create_compute_domain(self, body: dict[str, Any]) -> bool:
+        """True if created, False if it exists already (its spec is immutable: names are deterministic).
+
+        Raises DomainTerminating when one of that name is still being deleted (the driver's
+        finalizer waits for its IMEX daemons): pods made now would claim a template about to go,
+        so the caller holds them back and tries again next cycle."""
+        self._count("create_compute_domain")
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.custom.create_namespaced_custom_object(
+                COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, body
+            )
+            return True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        self._count("get_compute_domain")
+        existing = self.custom.get_namespaced_custom_object(
+            COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, name
+        )
+        if (existing.get("metadata") or {}).get("deletionTimestamp"):
+            raise DomainTerminating(f"ComputeDomain {namespace}/{name} is still being deleted")
+        return False
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self._count("delete_compute_domain")
+        try:
+            self.custom.delete_namespaced_custom_object(
+                COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, name
+            )
+        except ApiException as e:
+            if e.status != 404:
                 raise
 
     # -- tidal resources --------------------------------------------------------------------

@@ -17,13 +17,14 @@ from typing import Any
 from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
+from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, holds_gpus, reconcile_placed
+from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.k8s.write import Applied, apply_actions
 from tidal.rebalance import DemandTracker
@@ -89,6 +90,25 @@ class Controller:
         self.pending_memo: dict[str, tuple] = {}
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
+        self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
+        """Pool Services as last brought about: an unchanged one is not even read again until the
+        next resync (or a failed cycle) forgets this, so a user's edit or deletion is repaired then."""
+        self.service_conflicts: dict[tuple[str, str], float] = {}
+        self.domains = ComputeDomainSupport(self._probe_domains)
+        self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+
+    def _probe_domains(self) -> bool:
+        probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
+        return bool(probe()) if probe is not None else False
+
+    def domain_supernodes(self, members: dict[str, Any]) -> frozenset[str]:
+        """Recomputed only when membership was (any node relabel or Supernode change does that)."""
+        if self._domain_supernodes[0] is not members:
+            self._domain_supernodes = (
+                members,
+                domain_supernodes(members, self.cache.supernodes, self.cache.nodes),
+            )
+        return self._domain_supernodes[1]
 
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
@@ -108,6 +128,8 @@ class Controller:
         if now < self._next_resync:
             return False
         self._next_resync = now + self.settings.resync_seconds
+        # With the full listing, every pool Service is read again and repaired.
+        self.applied_services, self.service_conflicts = {}, {}
         return True
 
     def cycle(self, state: ClusterState | None = None) -> CycleReport | None:
@@ -157,6 +179,7 @@ class Controller:
         self._supernodes_seen.clear()
         self._overbooked.clear()
         self.pending_memo.clear()
+        self.applied_services, self.service_conflicts = {}, {}
 
     def stuck_report(self) -> str | None:
         """A message to log when the cycle is stuck (at most once per `max_cycle_age_seconds`)."""
@@ -214,6 +237,10 @@ class Controller:
             pending_memo=self.pending_memo,
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
+            applied_services=self.applied_services,
+            service_conflicts=self.service_conflicts,
+            domain_supernodes=self.domain_supernodes(members),
+            domains_installed=self.domains.installed,
         )
         log.debug(
             "cycle",
@@ -253,7 +280,9 @@ class Controller:
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
         decided = time.monotonic()
-        applied = apply_actions(cyc.plan, self.api, self.writer)
+        applied = apply_actions(cyc.plan, self.api, self.writer, cyc.applied_services, cyc.service_conflicts)
+        for key, n in applied.counters.items():
+            cyc.count(key, n)
         written = time.monotonic()
         self._update_supernodes(cyc)
         self.keeper.end_cycle()
@@ -262,6 +291,9 @@ class Controller:
             del self.pending_memo[uid]
         for uid in [u for u in self._settled if u not in statuses]:
             del self._settled[uid]
+        for memo in (self.applied_services, self.service_conflicts):
+            for key in [k for k in memo if k not in cache.pools]:
+                del memo[key]  # the garbage collector removes a gone pool's Service
         report = CycleReport(
             cycle=cyc,
             statuses=statuses,
@@ -280,7 +312,12 @@ class Controller:
         keeper = self.keeper
         for view, status in statuses.values():
             source = None if view.deleting else status
-            grew = keeper.set_allocations(view.uid, source, allocations(view, status) if source is not None else ())
+            grew = keeper.set_allocations(
+                view.uid,
+                source,
+                allocations(view, status) if source is not None else (),
+                lambda view=view, status=status: domain_held_nodes(view, status),
+            )
             if grew and view.spec.get("preemptible"):
                 self.victims_added[int(view.spec.get("priority", 0))] += 1
         for view, status in pools.values():

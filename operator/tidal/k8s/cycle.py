@@ -25,12 +25,19 @@ from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
 
+SERVICE_CONFLICT_RETRY_SECONDS = 30.0
+"""A pool Service name held by another owner is looked at again this often: soon enough for a pool
+deleted and made again (the old Service goes with the garbage collector), rarely enough not to read
+a user's Service of that name every cycle."""
+
 
 @dataclass
 class ActionPlan:
     """What one cycle decided to change in the cluster; `k8s/write.apply_actions` applies it in
     this order: statuses (a placement is recorded before its pods exist), events, annotations,
-    pod deletions, Services, pod creations, gate removals."""
+    pod deletions, ComputeDomain deletions, ComputeDomain creations and rendezvous Services, pod
+    creations (none for a workload whose status, domain or Service was refused), gate removals,
+    pod label merges, pool Services."""
 
     statuses: list[tuple[ResourceView, dict[str, Any]]] = field(default_factory=list)
     """Status writes in decision order (a later write of the same object supersedes an earlier one)."""
@@ -39,13 +46,29 @@ class ActionPlan:
     annotations: list[tuple[str, str | None, str, dict[str, str]]] = field(default_factory=list)
     """(kind, namespace, name, annotations); kind "Pod" for a pod."""
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
+    domain_deletes: list[tuple[str, str]] = field(default_factory=list)
+    """(namespace, name) of ComputeDomains to delete (after the pods that claimed them)."""
+    domain_creates: list[dict[str, Any]] = field(default_factory=list)
+    """ComputeDomain bodies (labelled with their job) to create before the pods that claim them."""
     services: list[dict[str, Any]] = field(default_factory=list)
+    """Gangs' rendezvous Services (named after their job), created before the pods."""
     pod_creates: list[dict[str, Any]] = field(default_factory=list)
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    pod_labels: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    """(namespace, pod name, labels) merged into existing pods."""
+    pool_services: list[dict[str, Any]] = field(default_factory=list)
+    """Every live pool's wanted Service this cycle (written only if it changed, see write.py)."""
 
     @property
     def pod_actions(self) -> int:
-        return len(self.pod_creates) + len(self.pod_deletes) + len(self.ungates)
+        """Pod and ComputeDomain actions: what a job's reconcile changes outside its status."""
+        return (
+            len(self.pod_creates)
+            + len(self.pod_deletes)
+            + len(self.ungates)
+            + len(self.domain_creates)
+            + len(self.domain_deletes)
+        )
 
 
 @dataclass
@@ -61,6 +84,10 @@ class Cycle:
     """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
     plan: ActionPlan = field(default_factory=ActionPlan)
     """What this cycle decided to change, applied by k8s/write.py after the decisions."""
+    applied_services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(namespace, name) -> the pool Service body last brought about (kept across cycles)."""
+    service_conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(namespace, name) -> when (monotonic) to look again at a Service name another owner holds."""
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -72,6 +99,10 @@ class Cycle:
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
     """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
+    domain_supernodes: frozenset[str] = frozenset()
+    """Supernodes whose own choice is to give jobs NVIDIA ComputeDomains (multi-node NVLink)."""
+    domains_installed: Callable[[], bool] = lambda: False
+    """Whether the ComputeDomain CRD is served (asked only when a job wants a domain)."""
 
     @property
     def stamp(self) -> str:
@@ -93,6 +124,22 @@ class Cycle:
     @property
     def services(self) -> list[dict[str, Any]]:
         return self.plan.services
+
+    @property
+    def domain_creates(self) -> list[dict[str, Any]]:
+        return self.plan.domain_creates
+
+    @property
+    def domain_deletes(self) -> list[tuple[str, str]]:
+        return self.plan.domain_deletes
+
+    @property
+    def pod_labels(self) -> list[tuple[str, str, dict[str, str]]]:
+        return self.plan.pod_labels
+
+    @property
+    def pool_services(self) -> list[dict[str, Any]]:
+        return self.plan.pool_services
 
     def event(self, view: ResourceView, reason: str, message: str, warning: bool = False) -> None:
         self.plan.events.append((view, reason, message, warning))
@@ -120,7 +167,8 @@ class Cycle:
 
     @property
     def actions(self) -> int:
-        """Pod actions queued so far: a reconcile that queued none changed nothing outside."""
+        """Pod and ComputeDomain actions queued so far: a reconcile that queued none changed
+        nothing outside."""
         return self.plan.pod_actions
 
     def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, str]) -> None:
@@ -150,6 +198,23 @@ class Cycle:
     def ensure_service(self, body: dict[str, Any]) -> None:
         """Create a gang's rendezvous Service (idempotent) before its pods, when the plan is applied."""
         self.services.append(body)
+
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        """Merge labels into an existing pod when the plan is applied."""
+        self.pod_labels.append((namespace, name, pod_labels))
+
+    def ensure_pool_service(self, body: dict[str, Any]) -> None:
+        """Bring a pool's Service to `body` when the plan is applied: read, then created or updated only if it
+        differs; not even read while `body` equals what was last brought about (see
+        `Controller.resync_due`, which forgets that now and then so drift is repaired)."""
+        self.pool_services.append(body)
+
+    def ensure_compute_domain(self, body: dict[str, Any]) -> None:
+        """Create a job's ComputeDomain (idempotent) before the pods that claim its channel."""
+        self.domain_creates.append(body)
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self.domain_deletes.append((namespace, name))
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n

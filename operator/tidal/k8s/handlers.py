@@ -112,6 +112,13 @@ def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
     return False
 
 
+def _served(namespace: str | None, memo: kopf.Memo, **_: Any) -> bool:
+    # `tidal run --namespace` limits the TrainingJobs and InferencePools served, not what is
+    # watched: kopf runs cluster-wide so every GPU pod on every node is seen, whatever its namespace.
+    served = memo.get("served_namespaces")
+    return not served or namespace in served
+
+
 @kopf.index("", "v1", "pods", when=_interesting_pod)
 def tidal_pods(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): _indexed(memo, pod_view(dict(body)))}
@@ -122,12 +129,12 @@ def tidal_supernodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> d
     return {name: _indexed(memo, resource_view(dict(body)))}
 
 
-@kopf.index(API_GROUP, API_VERSION, "trainingjobs")
+@kopf.index(API_GROUP, API_VERSION, "trainingjobs", when=_served)
 def tidal_jobs(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): _indexed(memo, resource_view(dict(body)))}
 
 
-@kopf.index(API_GROUP, API_VERSION, "inferencepools")
+@kopf.index(API_GROUP, API_VERSION, "inferencepools", when=_served)
 def tidal_pools(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
     return {(namespace, name): _indexed(memo, resource_view(dict(body)))}
 
@@ -150,14 +157,14 @@ async def feed_supernodes(name: str, event: dict[str, Any], body: kopf.Body, mem
     _feed(memo, event, "supernode", name, resource_view, body)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "trainingjobs")
+@kopf.on.event(API_GROUP, API_VERSION, "trainingjobs", when=_served)
 async def feed_jobs(
     namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
     _feed(memo, event, "job", (namespace, name), resource_view, body)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "inferencepools")
+@kopf.on.event(API_GROUP, API_VERSION, "inferencepools", when=_served)
 async def feed_pools(
     namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -206,12 +213,12 @@ def cycle_age(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
 
 
 # The same tick from every kind that may need the cycle: any of them existing keeps it running.
-@kopf.timer(API_GROUP, API_VERSION, "trainingjobs", interval=TICK_SECONDS)
+@kopf.timer(API_GROUP, API_VERSION, "trainingjobs", interval=TICK_SECONDS, when=_served)
 async def tick_jobs(memo: kopf.Memo, **kwargs: Any) -> None:
     await _tick(memo, kwargs)
 
 
-@kopf.timer(API_GROUP, API_VERSION, "inferencepools", interval=TICK_SECONDS)
+@kopf.timer(API_GROUP, API_VERSION, "inferencepools", interval=TICK_SECONDS, when=_served)
 async def tick_pools(memo: kopf.Memo, **kwargs: Any) -> None:
     await _tick(memo, kwargs)
 

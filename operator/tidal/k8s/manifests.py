@@ -10,6 +10,7 @@ from typing import Any
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s import labels
+from tidal.placement.compute_domains import DomainPlan, add_channel_claim
 from tidal.placement.shape import GangShape
 
 MASTER_PORT = 29500
@@ -88,9 +89,16 @@ def pinned_node(pod: dict[str, Any]) -> str:
 
 
 def training_pods(
-    job: str, namespace: str, uid: str, spec: dict[str, Any], shape: GangShape, group_nodes: dict[int, list[str]]
+    job: str,
+    namespace: str,
+    uid: str,
+    spec: dict[str, Any],
+    shape: GangShape,
+    group_nodes: dict[int, list[str]],
+    claims: dict[int, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Pod name -> manifest for every pod of the placed groups (group index -> node per pod)."""
+    """Pod name -> manifest for every pod of the placed groups (group index -> node per pod);
+    `claims`: group -> the ResourceClaimTemplate of its supernode's ComputeDomain."""
     owner = owner_reference("TrainingJob", job, uid)
     master = f"{pod_name(job, 0)}.{job}.{namespace}.svc"
     pods = {}
@@ -124,7 +132,30 @@ def training_pods(
                 env=env,
                 subdomain=job,
             )
+            template = (claims or {}).get(group)
+            if template:
+                add_channel_claim(pods[name]["spec"], template)  # the first container holds the GPUs
     return pods
+
+
+def compute_domain(namespace: str, owner_uid: str, job: str, domain: DomainPlan) -> dict[str, Any]:
+    """The NVIDIA ComputeDomain of one job on one supernode, owned by the job (deleted with it).
+
+    numNodes stays 0, as the driver recommends with its default IMEXDaemonsWithDNSNames: each
+    pod is released once the IMEX daemon of its own node runs, so nothing waits for a count."""
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {
+            "name": domain.name,
+            "namespace": namespace,
+            "labels": {labels.JOB: job, labels.MANAGED_BY: "tidal"},
+            # An annotation, not a label: a supernode's name may be longer than a label value.
+            "annotations": {labels.SUPERNODE: domain.supernode},
+            "ownerReferences": [owner_reference("TrainingJob", job, owner_uid)],
+        },
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": domain.template}}},
+    }
 
 
 def headless_service(job: str, namespace: str, uid: str) -> dict[str, Any]:
@@ -144,3 +175,103 @@ def headless_service(job: str, namespace: str, uid: str) -> dict[str, Any]:
             "ports": [{"name": "rendezvous", "port": MASTER_PORT}],
         },
     }
+
+
+# -- serving: the Service in front of an InferencePool's replicas ----------------------------------
+
+
+def leader_selector(pool: str) -> dict[str, str]:
+    """The leader pod of every replica of `pool`: one pod per replica, the one that takes requests.
+
+    Leaders only, not every pod: a multi-pod replica (tp*ep > gpusPerPod) serves through its pod 0,
+    and an HPA reading the scale subresource's selector counts each selected pod as one replica."""
+    return {labels.POOL: pool, labels.ROLE: labels.LEADER}
+
+
+def selector_string(selector: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def serving_ports(template: dict[str, Any]) -> list[dict[str, Any]]:
+    """Service ports from the containers' declared ports (first declaration of a name or number wins)."""
+    ports: list[dict[str, Any]] = []
+    names: set[str] = set()
+    numbers: set[tuple[int, str]] = set()
+    for container in ((template or {}).get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            number, protocol = p.get("containerPort"), p.get("protocol", "TCP")
+            if not isinstance(number, int):
+                continue
+            # A Service with several ports needs a name on each; a container port's name is a valid one.
+            name = p.get("name") or f"{protocol.lower()}-{number}"
+            if name in names or (number, protocol) in numbers:
+                continue
+            names.add(name)
+            numbers.add((number, protocol))
+            ports.append({"name": name, "port": number, "targetPort": number, "protocol": protocol})
+    return ports
+
+
+def pool_service(pool: str, namespace: str, uid: str, template: dict[str, Any]) -> dict[str, Any] | None:
+    """The pool's Service: its ready leader pods on the template's ports; None without ports."""
+    ports = serving_ports(template)
+    if not ports:
+        return None  # nothing declared to route to (and a ClusterIP Service must have a port)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": pool,
+            "namespace": namespace,
+            "labels": {labels.POOL: pool, labels.MANAGED_BY: "tidal"},
+            "ownerReferences": [owner_reference("InferencePool", pool, uid)],
+        },
+        "spec": {
+            "selector": leader_selector(pool),
+            "ports": ports,
+            # Traffic only to leaders whose Ready condition is True (a starting or failing server gets none).
+            "publishNotReadyAddresses": False,
+        },
+    }
+
+
+_PORT_KEYS = ("name", "port", "targetPort", "protocol")
+
+
+def service_update(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any] | None:
+    """The body to PUT to bring `current` (as read, controlled by the pool) to `desired` in the
+    fields tidal owns (our labels, selector, ports, publishNotReadyAddresses), or None when nothing
+    differs. Fields the API server or a user set (clusterIP, type, annotations...) are kept."""
+    meta, spec = current.get("metadata") or {}, current.get("spec") or {}
+    want_meta, want_spec = desired["metadata"], desired["spec"]
+    have_ports = [{k: p.get(k) for k in _PORT_KEYS} for p in spec.get("ports") or []]
+    want_ports = [{k: p.get(k) for k in _PORT_KEYS} for p in want_spec["ports"]]
+    same = (
+        all((meta.get("labels") or {}).get(k) == v for k, v in want_meta["labels"].items())
+        and (spec.get("selector") or {}) == want_spec["selector"]
+        and have_ports == want_ports
+        and bool(spec.get("publishNotReadyAddresses")) == want_spec["publishNotReadyAddresses"]
+    )
+    if same:
+        return None
+    node_ports = {p.get("name"): p["nodePort"] for p in spec.get("ports") or [] if p.get("nodePort")}
+    ports = [{**p, **({"nodePort": node_ports[p["name"]]} if p["name"] in node_ports else {})} for p in want_ports]
+    return {
+        **current,
+        "metadata": {**meta, "labels": {**(meta.get("labels") or {}), **want_meta["labels"]}},
+        "spec": {
+            **spec,
+            "selector": dict(want_spec["selector"]),
+            "ports": ports,
+            "publishNotReadyAddresses": want_spec["publishNotReadyAddresses"],
+        },
+    }
+
+
+def controlled_by_owner(current: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """True if `current` is controlled by `desired`'s owner. A Service of that name made by a user
+    or another controller (a TrainingJob's rendezvous Service, a pool deleted and made again
+    before the garbage collector removed the old one's) is never taken over."""
+    owner_uid = desired["metadata"]["ownerReferences"][0]["uid"]
+    refs = (current.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("uid") == owner_uid for r in refs)

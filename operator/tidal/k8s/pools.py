@@ -92,6 +92,9 @@ def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[
                 labels.POOL: view.name,
                 labels.REPLICA: str(replica["group"]),
                 labels.HBD_GROUP: str(replica["group"]),
+                # Pod 0 serves the replica: the pool's Service, its scale selector and a Gateway
+                # API Inference Extension pool select leaders only.
+                labels.ROLE: role_of(i),
             },
             owner=owner,
             env={
@@ -150,6 +153,7 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     for r in keep:
         expected.update(expected_by_replica[r["group"]])
     _sync_pods(cyc, view, keep, pods, expected)
+    _label_roles(cyc, view, keep, pods)
     status["placement"] = keep
     status["placedReplicas"] = len(keep)
     status["readyReplicas"] = sum(1 for r in keep if ready(r))
@@ -172,6 +176,20 @@ def _sync_pods(
             {n: expected[n] for n in names},
             lambda missing, r=r: _pick(replica_pods(view, r), missing),
         )
+
+
+def role_of(index: int) -> str:
+    return labels.LEADER if index == 0 else labels.WORKER
+
+
+def _label_roles(cyc: Cycle, view: ResourceView, replicas: list[dict[str, Any]], pods: dict[str, PodView]) -> None:
+    """Give the role label to pods made before it existed (an upgraded operator): without it a
+    running replica's leader would get no traffic from the pool's Service and no HPA would see it."""
+    for r in replicas:
+        for i in range(len(r["nodes"])):
+            pod = pods.get(replica_pod_name(view.name, r["group"], i))
+            if pod is not None and not pod.terminating and pod.labels.get(labels.ROLE) != role_of(i):
+                cyc.label_pod(pod.namespace, pod.name, {labels.ROLE: role_of(i)})
 
 
 def _pick(made: dict[str, dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 from tidal.clock import parse_time
 from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.cycle import Cycle
+from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
 from tidal.k8s.state import ResourceView
 from tidal.k8s.training import groups_of_replicas, holds_gpus, job_request, shape_of, start_eviction, summary_fields
@@ -90,6 +91,12 @@ def rebalance_pools(
             new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
             waiting |= still_waiting
         new["conditions"] = pool_conditions(new, cyc.stamp)
+        # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
+        new["replicas"] = new["placedReplicas"]
+        new["selector"] = selector_string(leader_selector(view.name))
+        service = pool_service(view.name, view.namespace or "default", view.uid, view.spec.get("template") or {})
+        if service is not None:
+            cyc.ensure_pool_service(service)
         pools[view.uid] = (view, new)
         cyc.write_status(view, new)
     return waiting

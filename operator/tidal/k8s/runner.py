@@ -24,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from tidal.k8s.rebalancing import RebalanceSettings
 
     api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
+    if not args.standalone and not _peering_ready(api, args):
+        return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
     rebalance = RebalanceSettings(disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour)
     settings = ControllerSettings(
@@ -43,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
         controller=controller,
         discover_label=args.discover_supernodes or None,
         accelerators=tuple(args.accelerator_resources.split(",")),
+        served_namespaces=frozenset(args.namespace),
     )
     kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
+        clusterwide=True,  # --namespace filters what is served (handlers._served), never what is seen
         priority=peering_priority(args.priority),
         peering_name=args.peering_name,
         standalone=args.standalone,
@@ -54,6 +56,23 @@ def run(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
+
+
+def _peering_ready(api: object, args: argparse.Namespace) -> bool:
+    """kopf idles silently while its peering object is missing: create it, or stop loudly."""
+    import structlog
+
+    from tidal.k8s.peering import PeeringUnavailable, ensure_peering
+
+    log = structlog.get_logger("tidal.peering")
+    try:
+        created = ensure_peering(api.custom, args.peering_name)  # type: ignore[attr-defined]
+    except PeeringUnavailable as exc:
+        log.error("cannot start: " + str(exc))
+        return False
+    if created:
+        log.warning(f"created the missing ClusterKopfPeering {args.peering_name!r}: replicas peer through it")
+    return True
 
 
 def peering_priority(value: str) -> int:
@@ -72,7 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-n",
         action="append",
         default=[],
-        help="watch only these namespaces (repeatable); default: cluster-wide",
+        help=(
+            "serve TrainingJobs and InferencePools only in these namespaces (repeatable); "
+            "nodes and pods are always watched cluster-wide"
+        ),
     )
     parser.add_argument("--priority", default="0", help="kopf peering priority of this replica, or 'auto'")
     parser.add_argument(

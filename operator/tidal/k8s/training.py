@@ -14,11 +14,19 @@ from pydantic import ValidationError
 from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.manifests import headless_service, pod_name, training_pods
+from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.model import TrainingJobSpec, describe_errors
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
+from tidal.placement.compute_domains import (
+    ComputeDomainMode,
+    DomainPlan,
+    claims_by_group,
+    exclusive_nodes,
+    plan_domains,
+    stale_domains,
+)
 
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
 MAX_NAME = 50  # pod names are <job>-<index> and double as DNS hostnames (63 characters)
@@ -105,6 +113,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
 
     ppg = shape.pods_per_group
+    domains = _sync_domains(cyc, view, status)
     expected = {
         pod_name(view.name, g * ppg + i): node
         for g, entry in placement.items()
@@ -118,7 +127,13 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         # Manifests (a deep copy of the template each) only for the groups that miss a pod.
         groups = {int(n.rsplit("-", 1)[1]) // ppg for n in names}
         made = training_pods(
-            view.name, view.namespace, view.uid, view.spec, shape, {g: placement[g]["nodes"] for g in sorted(groups)}
+            view.name,
+            view.namespace,
+            view.uid,
+            view.spec,
+            shape,
+            {g: placement[g]["nodes"] for g in sorted(groups)},
+            claims_by_group(domains),
         )
         return [made[n] for n in names]
 
@@ -126,6 +141,12 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     missing = cyc.sync_gang(view.namespace, pods, expected, build)
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.ensure_service(headless_service(view.name, view.namespace, view.uid))
+        # Only the domains of groups that miss a pod: a domain is immutable and named per
+        # supernode, so creating it again is a no-op (409), and one is never needed sooner.
+        missing_groups = {int(n.rsplit("-", 1)[1]) // ppg for n in missing}
+        for domain in domains.values():
+            if missing_groups.intersection(domain.groups):
+                cyc.ensure_compute_domain(compute_domain(view.namespace, view.uid, view.name, domain))
 
     # Only pods on their planned node and not being deleted: a job re-admitted while its old pods
     # still terminate elsewhere is not Running on the strength of those.
@@ -144,6 +165,77 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             status.get("conditions", []), "Running", True, "AllPodsRunning", status["reason"], cyc.stamp
         )
     return status
+
+
+def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, DomainPlan]:
+    """The job's ComputeDomains, one per supernode it uses that wants one (status updated in place):
+    domains no placed group needs any more are deleted, their nodes held whole in this cycle.
+
+    Pods are ungated without waiting for a domain's status to say Ready: the driver makes a domain
+    Ready only once IMEX daemons run on the nodes of its pods, which needs the pods scheduled first
+    (waiting would deadlock), and its CRD tells workloads not to rely on that status. The driver
+    itself holds each container in ContainerCreating until the IMEX daemon of its node is up.
+    """
+    mode = view.spec.get("computeDomain")
+    recorded = list(status.get("computeDomains") or [])
+    wanted = plan_domains(view.name, mode, status["placement"], cyc.domain_supernodes)
+    conditions = status.get("conditions", [])
+    if wanted and not cyc.domains_installed():
+        before = condition(conditions, "ComputeDomain")
+        # Said on the job that asked for domains, or that had some (the CRD went away since).
+        if mode == ComputeDomainMode.ENABLED or before is not None:
+            message = (
+                "the ComputeDomain CRD (resource.nvidia.com) is not installed: pods run without IMEX channels "
+                "(no multi-node NVLink); install the NVIDIA DRA driver for GPUs with compute domains enabled"
+            )
+            if mode == ComputeDomainMode.ENABLED and (not before or before.get("reason") != "CRDNotInstalled"):
+                cyc.event(
+                    view, "ComputeDomainUnavailable", f"spec.computeDomain is Enabled but {message}", warning=True
+                )
+            status["conditions"] = set_condition(
+                conditions, "ComputeDomain", False, "CRDNotInstalled", message, cyc.stamp
+            )
+        wanted = {}
+    for name in stale_domains(recorded, wanted):
+        cyc.delete_compute_domain(view.namespace, name)
+    names = [d.name for d in wanted.values()]
+    if names:
+        status["computeDomains"] = names
+        status["conditions"] = set_condition(
+            status.get("conditions", []),
+            "ComputeDomain",
+            True,
+            "Created",
+            f"{len(names)} ComputeDomain(s), one per NVLink supernode: {', '.join(names)}",
+            cyc.stamp,
+        )
+    else:
+        status.pop("computeDomains", None)
+    _hold_whole(cyc, exclusive_nodes(wanted, status["placement"]))
+    return wanted
+
+
+def _hold_whole(cyc: Cycle, nodes: set[str]) -> None:
+    """Book a node held by a ComputeDomain whole in this cycle's snapshot, as the next cycle's
+    booking does (the driver lets a node serve one domain at a time): no other gang placed later
+    in this cycle may share it. A no-op when pods take whole nodes (4 GPUs per pod on GB200)."""
+    for name in nodes:
+        node = cyc.snapshot.nodes.get(name)
+        if node is not None and node.allocated < node.gpus:
+            cyc.snapshot.update_node(name, allocated=node.gpus)
+
+
+def domain_held_nodes(view: ResourceView, status: dict[str, Any]) -> set[str]:
+    """Nodes the job holds whole for its recorded ComputeDomains (for the snapshot's bookings)."""
+    recorded = set(status.get("computeDomains") or [])
+    if not recorded or not holds_gpus(status):
+        return set()
+    domains = {
+        sn: d
+        for sn, d in plan_domains(view.name, ComputeDomainMode.ENABLED, status["placement"], frozenset()).items()
+        if d.name in recorded
+    }
+    return exclusive_nodes(domains, status["placement"])
 
 
 def _broken_groups(
@@ -276,6 +368,9 @@ def _release(
     for group in groups_of_replicas(shape, status.get("placement") or [], replicas or []):
         for node in group["nodes"]:
             cyc.snapshot.release(node, shape.gpus_per_pod)
+    if not replicas:  # the whole job goes: so do its domains (a shrink's are pruned by the next reconcile)
+        for name in status.get("computeDomains") or []:
+            cyc.delete_compute_domain(view.namespace, name)
     for pod in pods.values():
         if replicas and (pod.group is None or shape.replica_of_group(pod.group) not in replicas):
             continue
@@ -286,7 +381,7 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
     return {
         k: v
         for k, v in status.items()
-        if k not in ("placement", "supernodes", "currentDP", "admittedAt", "eviction", "worldSize")
+        if k not in ("placement", "supernodes", "currentDP", "admittedAt", "eviction", "worldSize", "computeDomains")
     }
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tidal.k8s import labels
@@ -288,34 +288,57 @@ class SnapshotKeeper:
         self._allocs: dict[str, tuple[Any, dict[str, int]]] = {}
         """Workload uid -> (the status object it was computed from, node -> GPUs)."""
         self.uids_on_node: dict[str, set[str]] = {}
+        self.domain_held: Counter[str] = Counter()
+        """Node -> workloads holding it whole for a ComputeDomain (it counts as fully allocated)."""
         self._truth_free: dict[str, int] = {}
         self._stale: set[str] = set()
         self.capacity_version = 0
         self.rebuilds = 0
+        self._whole: dict[str, frozenset[str]] = {}
+        """Workload uid -> the nodes it holds whole (see set_allocations)."""
 
     # -- bookings from statuses -----------------------------------------------------------
-    def set_allocations(self, uid: str, source: Any, allocations: Iterable[tuple[str, int]]) -> bool:
+    def set_allocations(
+        self,
+        uid: str,
+        source: Any,
+        allocations: Iterable[tuple[str, int]],
+        whole: Callable[[], Iterable[str]] = tuple,
+    ) -> bool:
         """Book a workload's GPUs; `source` (its status object) skips the work when unchanged.
-        Returns True if its nodes grew (a new potential preemption victim)."""
+        `whole`: the nodes it holds whole (a ComputeDomain of its own runs there; asked only when
+        the status changed). Returns True if its nodes grew (a new potential preemption victim)."""
         old = self._allocs.get(uid)
         if old is not None and old[0] is source:
             return False
         per_node: Counter[str] = Counter()
         for node, gpus in allocations:
             per_node[node] += gpus
+        held = frozenset(whole()) if per_node else frozenset()
         before = old[1] if old else {}
-        if before == per_node:
+        held_before = self._whole.get(uid, frozenset())
+        if before == per_node and held_before == held:
             self._allocs[uid] = (source, before)
             return False
         for node, gpus in before.items():
             self.tidal_held[node] -= gpus
             self.uids_on_node.get(node, set()).discard(uid)
             self._stale.add(node)
+        for node in held_before:
+            self.domain_held[node] -= 1
+            self._stale.add(node)
         for node, gpus in per_node.items():
             self.tidal_held[node] += gpus
             self.uids_on_node.setdefault(node, set()).add(uid)
             self._stale.add(node)
+        for node in held:
+            self.domain_held[node] += 1
+            self._stale.add(node)
         self._allocs[uid] = (source, dict(per_node))
+        if held:
+            self._whole[uid] = held
+        else:
+            self._whole.pop(uid, None)
         return any(per_node.get(n, 0) > before.get(n, 0) for n in per_node)
 
     def forget(self, live: set[str]) -> None:
@@ -372,7 +395,14 @@ class SnapshotKeeper:
 
     def _held(self, name: str) -> int:
         acc = self._accelerator_of.get(name, "")
-        return self.tidal_held.get(name, 0) + self._other(name, acc)
+        held = self.tidal_held.get(name, 0) + self._other(name, acc)
+        if self.domain_held.get(name, 0) > 0:
+            # A ComputeDomain's node serves no other domain: nothing else may be placed there.
+            # max(): a node also holding someone else's pods is not reported as over-booked.
+            node = self._cache.nodes.get(name)
+            capacity = node.capacity.get(acc, 0) if node is not None else 0
+            held = max(held, capacity)
+        return held
 
     def _other(self, name: str, acc: str) -> int:
         held = self._cache.other_held.get(name)

@@ -2,23 +2,27 @@
 
 Order: statuses first (a job's placement is recorded before any of its pods exists, so a restarted
 operator books every GPU a pod may hold), then events and annotations, pod deletions (they free
-names and GPUs), Services, pod creations, gate removals.
+names and GPUs), ComputeDomain deletions (their pods are going), ComputeDomain creations and
+rendezvous Services, pod creations, gate removals, pod label merges, pool Services.
 
 A failed call (say, a namespace being deleted) is logged and retried by the next cycle, which will
-find the same difference between the recorded state and the pods; it never stops the rest. A
-workload whose status write failed, or a gang whose Service could not be made, gets no new pods
-this time: the next cycle decides again from what the API server holds and makes them then.
+find the same difference between the recorded state and the pods; it never stops the rest: each
+object's write is isolated, so any exception fails that object only. A workload whose status write
+failed, or a gang whose ComputeDomain or Service could not be made, gets no new pods this time
+(made without their claim's domain they would wait on a template nobody makes): the next cycle
+decides again from what the API server holds and makes them then.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.api import Api
-from tidal.k8s.cycle import ActionPlan, log
+from tidal.k8s.cycle import SERVICE_CONFLICT_RETRY_SECONDS, ActionPlan, log
 from tidal.k8s.status import StatusWriter
 
 _OWNER_LABEL = {"TrainingJob": labels.JOB, "InferencePool": labels.POOL}
@@ -26,35 +30,69 @@ _OWNER_LABEL = {"TrainingJob": labels.JOB, "InferencePool": labels.POOL}
 
 @dataclass
 class Applied:
-    """What applying a plan did not manage (the next cycle tries again)."""
+    """What applying a plan did not manage (the next cycle tries again), and what it counted."""
 
     failed_statuses: set[tuple[str, str | None, str]] = field(default_factory=set)
     """(kind, namespace, name) whose status write was refused."""
     withheld_pods: int = 0
-    """Pod creations skipped because their owner's status or Service was not written."""
+    """Pod creations skipped because their owner's status, ComputeDomain or Service was not written."""
+    withheld_domains: int = 0
+    """ComputeDomain creations skipped because their job's status write was refused."""
+    counters: dict[str, int] = field(default_factory=dict)
+    """What the writes did, for the cycle's counters (services:created, services:updated...)."""
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
 
 
-def apply_actions(plan: ActionPlan, api: Api, writer: StatusWriter) -> Applied:
+def apply_actions(
+    plan: ActionPlan,
+    api: Api,
+    writer: StatusWriter,
+    applied_services: dict[tuple[str, str], dict[str, Any]] | None = None,
+    service_conflicts: dict[tuple[str, str], float] | None = None,
+) -> Applied:
+    """Apply `plan`. `applied_services` and `service_conflicts` are the pool Service memos kept
+    across cycles (see `Controller.resync_due`); without them every pool Service is applied."""
     applied = Applied()
     for view, status in plan.statuses:
-        if not writer.write(view, status):
+        if not _logged(lambda s: writer.write(*s), "write_status")((view, status)):
             applied.failed_statuses.add((view.kind, view.namespace, view.name))
+    send_event = _logged(lambda e: api.event(*e), "event")
     for view, reason, message, warning in plan.events:
         log.info("event", kind=view.kind, namespace=view.namespace, name=view.name, reason=reason, message=message)
-        api.event(view.kind, view.namespace, view.name, view.uid, reason, message, warning)
+        send_event((view.kind, view.namespace, view.name, view.uid, reason, message, warning))
     if plan.annotations:
-        api.parallel(_logged(_annotate(api)), plan.annotations)
+        api.parallel(_logged(_annotate(api), "annotate"), plan.annotations)
     if plan.pod_deletes:
-        api.parallel(_logged(lambda d: api.delete_pod(*d)), plan.pod_deletes)
+        api.parallel(_logged(lambda d: api.delete_pod(*d), "delete_pod"), plan.pod_deletes)
+    if plan.domain_deletes:
+        api.parallel(_logged(lambda d: api.delete_compute_domain(*d), "delete_compute_domain"), plan.domain_deletes)
     # (kind label, namespace, owner name) of workloads that must not get pods this time.
     withheld = {(_OWNER_LABEL[k], ns, name) for k, ns, name in applied.failed_statuses if k in _OWNER_LABEL}
+    domains = plan.domain_creates
+    if withheld:  # a domain for pods not made now would be recorded nowhere: made with them later
+        domains = [d for d in domains if not _owned_by(d, withheld)]
+        applied.withheld_domains = len(plan.domain_creates) - len(domains)
+    if domains:
+
+        def create_domain(body: dict[str, Any]) -> bool:
+            api.create_compute_domain(body)  # DomainTerminating: one of that name is still going
+            return True
+
+        made = api.parallel(_logged(create_domain, "create_compute_domain"), domains)
+        withheld |= {
+            (labels.JOB, _meta(body)["namespace"], (_meta(body).get("labels") or {}).get(labels.JOB))
+            for body, ok in zip(domains, made, strict=True)
+            if not ok
+        }
     if plan.services:
 
         def create_service(body: dict[str, Any]) -> bool:
             api.ensure_service(body)
             return True
 
-        made = api.parallel(_logged(create_service), plan.services)
+        made = api.parallel(_logged(create_service, "ensure_service"), plan.services)
         withheld |= {
             (labels.JOB, _meta(body)["namespace"], _meta(body)["name"])
             for body, ok in zip(plan.services, made, strict=True)
@@ -65,10 +103,49 @@ def apply_actions(plan: ActionPlan, api: Api, writer: StatusWriter) -> Applied:
         creates = [p for p in creates if not _owned_by(p, withheld)]
         applied.withheld_pods = len(plan.pod_creates) - len(creates)
     if creates:
-        api.parallel(_logged(api.create_pod), creates)
+        api.parallel(_logged(api.create_pod, "create_pod"), creates)
     if plan.ungates:
-        api.parallel(_logged(lambda u: api.remove_gate(u[0], u[1], labels.GANG_GATE, u[2])), plan.ungates)
+        api.parallel(
+            _logged(lambda u: api.remove_gate(u[0], u[1], labels.GANG_GATE, u[2]), "remove_gate"), plan.ungates
+        )
+    if plan.pod_labels:
+        api.parallel(_logged(lambda p: api.label_pod(*p), "label_pod"), plan.pod_labels)
+    if plan.pool_services:
+        _apply_pool_services(
+            plan.pool_services,
+            api,
+            applied,
+            {} if applied_services is None else applied_services,
+            {} if service_conflicts is None else service_conflicts,
+        )
     return applied
+
+
+def _apply_pool_services(
+    bodies: list[dict[str, Any]],
+    api: Api,
+    applied: Applied,
+    done: dict[tuple[str, str], dict[str, Any]],
+    conflicts: dict[tuple[str, str], float],
+) -> None:
+    """Each pool's Service, read and written only when it differs from what was last brought about
+    (`done`); a name another owner holds is looked at again after SERVICE_CONFLICT_RETRY_SECONDS."""
+    now = time.monotonic()
+    todo = [b for b in bodies if done.get(_meta_key(b)) != b and conflicts.get(_meta_key(b), 0.0) <= now]
+    if not todo:
+        return
+    outcomes = api.parallel(_logged(api.apply_service, "apply_service"), todo)
+    for body, outcome in zip(todo, outcomes, strict=True):
+        key = _meta_key(body)
+        if outcome is None:  # the call failed (logged): tried again next cycle
+            continue
+        if outcome == "conflict":
+            log.warning("service name taken by another owner", namespace=key[0], name=key[1])
+            conflicts[key] = now + SERVICE_CONFLICT_RETRY_SECONDS
+            continue
+        applied.count(f"services:{outcome}")
+        conflicts.pop(key, None)
+        done[key] = body
 
 
 def _annotate(api: Api) -> Callable[[tuple[str, str | None, str, dict[str, str]]], None]:
@@ -86,18 +163,25 @@ def _meta(body: dict[str, Any]) -> dict[str, Any]:
     return body["metadata"]
 
 
-def _owned_by(pod: dict[str, Any], owners: set[tuple[str, str | None, str]]) -> bool:
-    meta = _meta(pod)
-    pod_labels = meta.get("labels") or {}
-    return any((key, meta["namespace"], pod_labels.get(key)) in owners for key in _OWNER_LABEL.values())
+def _meta_key(body: dict[str, Any]) -> tuple[str, str]:
+    return _meta(body)["namespace"], _meta(body)["name"]
 
 
-def _logged(fn):
-    def call(item):
+def _owned_by(body: dict[str, Any], owners: set[tuple[str, str | None, str]]) -> bool:
+    meta = _meta(body)
+    body_labels = meta.get("labels") or {}
+    return any((key, meta["namespace"], body_labels.get(key)) in owners for key in _OWNER_LABEL.values())
+
+
+def _logged(fn: Callable[[Any], Any], call: str) -> Callable[[Any], Any]:
+    """`fn` for one object: any exception (not only an ApiException) is logged and returns None,
+    so one object's failure never aborts the rest of the plan."""
+
+    def one(item: Any) -> Any:
         try:
             return fn(item)
         except Exception as e:  # one object's API error must not abort the cycle
-            log.warning("api call failed", call=getattr(fn, "__name__", "pod call"), error=str(e)[:300])
+            log.warning("api call failed", call=call, error=str(e)[:300])
             return None
 
-    return call
+    return one

@@ -32,6 +32,8 @@ class ResourceKind:
     spec_model: type[BaseModel]
     status_model: type[BaseModel]
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    scale: dict[str, str] | None = None
+    """The scale subresource (HPA, KEDA and `kubectl scale` read and write it), if the kind has one."""
 
     @property
     def crd_name(self) -> str:
@@ -74,6 +76,12 @@ RESOURCE_KINDS: list[ResourceKind] = [
         description="Inference replicas sized by a time-of-day schedule and live load.",
         spec_model=InferencePoolSpec,
         status_model=InferencePoolStatus,
+        # One replica per selected pod: the selector names the leader pods (see manifests.py).
+        scale={
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
         printer_columns=[
             {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
             {"name": "Placed", "type": "integer", "jsonPath": ".status.placedReplicas"},
@@ -194,7 +202,7 @@ def crd_for(kind: ResourceKind) -> dict[str, Any]:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, **({"scale": dict(kind.scale)} if kind.scale else {})},
                     "additionalPrinterColumns": kind.printer_columns,
                     "schema": {"openAPIV3Schema": root},
                 }

@@ -88,6 +88,16 @@ class InferencePoolSpec(ApiModel):
     }
 
     min_replicas: int = Field(default=0, ge=0, le=100_000, description="Replica floor outside schedule windows.")
+    replicas: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Replicas requested by an autoscaler (HPA, KEDA, kubectl scale) through the scale "
+        "subresource. A request like the schedule floor and the load signal: desired = "
+        "max(schedule floor, replicas, load), bounded by minReplicas and maxReplicas; the default 0 "
+        "asks for nothing. An HPA leaves a target whose replicas are 0 alone, so set it (say to 1) "
+        "when one drives the pool.",
+    )
     max_replicas: int = Field(ge=0, le=100_000, description="Replica ceiling.")
     tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree of one replica.")
     ep: int = Field(default=1, ge=1, le=1024, description="Expert-parallel degree of one replica.")
@@ -128,9 +138,17 @@ class LoadStatus(ApiModel):
 class InferencePoolStatus(ApiModel):
     """Observed state of an InferencePool."""
 
-    desired_replicas: int = Field(default=0, ge=0, description="max(schedule floor, load) within bounds.")
+    desired_replicas: int = Field(
+        default=0, ge=0, description="max(schedule floor, spec.replicas, load) within bounds."
+    )
     placed_replicas: int = Field(default=0, ge=0, description="Replicas with all pods created and pinned.")
     ready_replicas: int = Field(default=0, ge=0, description="Replicas whose pods are all Running.")
+    replicas: int = Field(default=0, ge=0, description="Placed replicas: the scale subresource's status.replicas.")
+    selector: str = Field(
+        default="",
+        description="Label selector of the replicas' leader pods, one pod per replica (the scale "
+        "subresource's selector: an HPA counts each selected pod as one replica).",
+    )
     reason: str = Field(default="", description="Why desired and placed differ, with numbers.")
     placement: list[GroupPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
     load: LoadStatus | None = Field(default=None, description="Load signal.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from tidal.model.common import ApiModel, Condition
@@ -35,6 +37,11 @@ class SupernodeSpec(ApiModel):
     accelerator: str = Field(default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name.")
     topology: ScaleOutPosition = Field(default_factory=ScaleOutPosition, description="Scale-out position.")
     spares: SpareSpec = Field(default_factory=SpareSpec, description="Hot-spare policy.")
+    compute_domain: Literal["Auto", "Enabled", "Disabled"] = Field(
+        default="Auto",
+        description="Whether jobs on this supernode get an NVIDIA ComputeDomain (multi-node NVLink): Auto when "
+        "its nodes carry the nvidia.com/gpu.clique label (GB200 NVL72); a job's own spec.computeDomain wins.",
+    )
 
 
 class SupernodeGpus(ApiModel):

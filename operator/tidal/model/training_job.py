@@ -88,6 +88,11 @@ class TrainingJobSpec(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint contract.")
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="Failure handling.")
     suspend: bool = Field(default=False, description="Set true to checkpoint and release all GPUs.")
+    compute_domain: Literal["Auto", "Enabled", "Disabled"] = Field(
+        default="Auto",
+        description="NVIDIA ComputeDomain (IMEX channel for multi-node NVLink, GB200 NVL72) per supernode the job "
+        "uses: Auto follows each Supernode's spec.computeDomain; Enabled always; Disabled never.",
+    )
 
     @model_validator(mode="after")
     def _check_shape(self) -> TrainingJobSpec:
@@ -214,6 +219,10 @@ class TrainingJobStatus(ApiModel):
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     eviction_history: list[EvictionRecord] = Field(
         default_factory=list, description="The last evictions (at most 10), newest last."
+    )
+    compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains (resource.nvidia.com) tidal made for the job, one per supernode it uses.",
     )
     conditions: list[Condition] = Field(default_factory=list, description="Admitted, Running, Preempted...")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

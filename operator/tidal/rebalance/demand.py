@@ -1,4 +1,11 @@
-"""Desired inference replicas = max(time-of-day floor, load), within [min, max], stabilized.
+"""Desired inference replicas = max(time-of-day floor, requested replicas, load), within
+[min, max], stabilized.
+
+Three signals each ask for *at least* so many replicas, and the largest wins: the schedule floor,
+`spec.replicas` (written by an HPA, KEDA or `kubectl scale` through the scale subresource) and
+the load signal (`spec.load`). None can take the pool below another: an autoscaler's scale-down
+never undercuts the day's floor, and two autoscalers that disagree never under-provision. The
+result is then clamped to [minReplicas, maxReplicas], so maxReplicas bounds every signal.
 
 Scale-up follows demand at once; scale-down waits until the demand has stayed lower for a whole
 stabilization window (the largest desired value seen in the window wins), so a noisy signal
@@ -34,9 +41,14 @@ def schedule_floor(schedule: dict | None, min_replicas: int, now: dt.datetime) -
 
 
 def desired_replicas(spec: dict, now: dt.datetime, current_rate: float | None) -> tuple[int, str]:
-    """Unstabilized desired replicas and the reason, from a pool spec (API field names)."""
+    """Unstabilized desired replicas and the reason, from a pool spec (API field names).
+
+    On a tie the earlier signal names the reason: schedule, then spec.replicas, then load."""
     floor, why = schedule_floor(spec.get("schedule"), spec.get("minReplicas", 0), now)
     desired = floor
+    requested = spec.get("replicas")
+    if requested is not None and requested > desired:
+        desired, why = requested, f"spec.replicas {requested} (autoscaler or kubectl scale)"
     load = spec.get("load")
     if load and current_rate is not None:
         by_load = math.ceil(current_rate / load["targetPerReplica"] - 1e-9)

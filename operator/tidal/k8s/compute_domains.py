@@ -1,0 +1,75 @@
+"""ComputeDomains on the API server: is the NVIDIA DRA driver's CRD installed, and which
+Supernodes want domains. The per-job decisions are in training.py, the pure rules in
+placement/compute_domains.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tidal.k8s import labels
+from tidal.k8s.cache import Membership
+from tidal.k8s.cycle import log
+from tidal.k8s.state import NodeView, ResourceView
+from tidal.placement.compute_domains import supernode_uses_domains
+
+RECHECK_SECONDS = 10.0
+"""How often the CRD's presence is asked again: cheap (one discovery read), and short enough that
+installing or removing the driver is noticed before the next job is placed."""
+
+
+class ComputeDomainSupport:
+    """Whether ComputeDomains can be made now; asked lazily (only when a job wants one), cached
+    for RECHECK_SECONDS, and a missing CRD is logged as a warning once per disappearance."""
+
+    def __init__(self, probe: Callable[[], bool], clock: Callable[[], float] = time.monotonic):
+        self._probe = probe
+        self._clock = clock
+        self._known: bool | None = None
+        self._checked = float("-inf")
+
+    def installed(self) -> bool:
+        now = self._clock()
+        if self._known is not None and now - self._checked < RECHECK_SECONDS:
+            return self._known
+        try:
+            found = self._probe()
+        except Exception as e:  # a failed discovery read: keep the last answer, ask again later
+            log.warning("ComputeDomain discovery failed", error=str(e)[:300])
+            found = bool(self._known)
+        self._checked = now
+        if found != self._known:
+            if found:
+                log.info("ComputeDomain CRD found: jobs on multi-node NVLink supernodes get ComputeDomains")
+            else:
+                log.warning(
+                    "ComputeDomain CRD not installed (computedomains.resource.nvidia.com): pods are created "
+                    "without IMEX channel claims, so multi-node NVLink is unavailable; install the NVIDIA DRA "
+                    "driver for GPUs with compute domains enabled"
+                )
+        self._known = found
+        return found
+
+    def forget(self) -> None:
+        """A create answered 404: the CRD went away; ask again at the next need."""
+        self._known = None
+
+
+def domain_supernodes(
+    members: dict[str, Membership], supernodes: dict[str, ResourceView], nodes: dict[str, NodeView]
+) -> frozenset[str]:
+    """Supernodes whose own choice (spec.computeDomain, Auto: an NVLink clique label on a member)
+    is to give jobs ComputeDomains. O(members) only for supernodes without the label."""
+    out = set()
+    for name, member in members.items():
+        view = supernodes.get(name)
+        mode = (view.spec if view is not None else {}).get("computeDomain")
+        clique = any(labels.GPU_CLIQUE in nodes[n].labels for n in member.nodes if n in nodes)
+        if supernode_uses_domains(mode, clique):
+            out.add(name)
+    return frozenset(out)
+
+
+def is_missing_crd(error: Any) -> bool:
+    return getattr(error, "status", None) == 404

@@ -1,0 +1,429 @@
+"""ComputeDomains for multi-node NVLink (GB200 NVL72): the pure rules, and the controller's
+decisions on the in-memory cluster (tests/cluster/test_compute_domain.py runs them against a real
+API server with the real CRDs and kube-scheduler allocating the claims)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from tidal.clock import FixedClock
+from tidal.k8s.compute_domains import RECHECK_SECONDS, ComputeDomainSupport
+from tidal.k8s.controller import Controller
+from tidal.k8s.manifests import GangShape, training_pods
+from tidal.placement.compute_domains import (
+    CLAIM_NAME,
+    NAME_MAX,
+    add_channel_claim,
+    claims_by_group,
+    domain_name,
+    exclusive_nodes,
+    job_uses_domain,
+    plan_domains,
+    stale_domains,
+    supernode_uses_domains,
+    template_name,
+)
+
+from .fake_cluster import FakeCluster
+from .test_rebalance import TEMPLATE, run
+
+NOW = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+RACK = {"tp": 4, "ep": 18, "pp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+"""One group of 72 GPUs = one whole NVL72 rack of 18 trays x 4 GPUs."""
+
+
+# -- the pure rules ----------------------------------------------------------------------------
+
+
+def test_names_are_deterministic_per_job_and_supernode_and_fit_a_dns_label_with_the_template_suffix():
+    assert domain_name("moe", "nvl72-0001") == "moe-nvl72-0001"
+    assert template_name("moe-nvl72-0001") == "moe-nvl72-0001-channel"
+    job, long_a, long_b = "j" * 50, "rack-" + "a" * 60, "rack-" + "b" * 60
+    a, b = domain_name(job, long_a), domain_name(job, long_b)
+    assert a == domain_name(job, long_a), "deterministic: a restarted operator finds its domains"
+    assert a != b and len(a) <= NAME_MAX and len(template_name(a)) <= 63
+    assert a.startswith("j") and not a.endswith("-")
+
+
+@pytest.mark.parametrize(
+    ("supernode_mode", "clique", "expected"),
+    [
+        ("Auto", True, True),
+        ("Auto", False, False),
+        (None, True, True),
+        ("Enabled", False, True),
+        ("Disabled", True, False),
+    ],
+)
+def test_a_supernode_wants_domains_when_its_nodes_carry_a_clique_unless_told(supernode_mode, clique, expected):
+    assert supernode_uses_domains(supernode_mode, clique) is expected
+
+
+@pytest.mark.parametrize(
+    ("job_mode", "supernode_on", "expected"),
+    [("Auto", True, True), ("Auto", False, False), ("Enabled", False, True), ("Disabled", True, False)],
+)
+def test_the_jobs_own_choice_wins_over_the_supernodes(job_mode, supernode_on, expected):
+    assert job_uses_domain(job_mode, supernode_on) is expected
+
+
+PLACEMENT = [
+    {"group": 0, "supernode": "nvl72-0001", "nodes": ["a0", "a1"]},
+    {"group": 1, "supernode": "nvl72-0001", "nodes": ["a2", "a3"]},
+    {"group": 2, "supernode": "nvl72-0003", "nodes": ["b0", "b1"]},
+    {"group": 3, "supernode": "hgx8-0000", "nodes": ["h0", "h0"]},
+]
+
+
+def test_one_domain_per_supernode_the_job_uses_holding_the_groups_placed_there():
+    domains = plan_domains("moe", "Auto", PLACEMENT, {"nvl72-0001", "nvl72-0003", "nvl72-0009"})
+    assert set(domains) == {"nvl72-0001", "nvl72-0003"}, "none on a rack the job does not use, none on HGX"
+    assert domains["nvl72-0001"].groups == (0, 1) and domains["nvl72-0003"].groups == (2,)
+    assert claims_by_group(domains) == {
+        0: "moe-nvl72-0001-channel",
+        1: "moe-nvl72-0001-channel",
+        2: "moe-nvl72-0003-channel",
+    }
+    assert exclusive_nodes(domains, PLACEMENT) == {"a0", "a1", "a2", "a3", "b0", "b1"}
+    assert set(plan_domains("moe", "Enabled", PLACEMENT, set())) == {"nvl72-0001", "nvl72-0003", "hgx8-0000"}
+    assert plan_domains("moe", "Disabled", PLACEMENT, {"nvl72-0001"}) == {}
+
+
+def test_domains_no_group_needs_any_more_are_stale():
+    wanted = plan_domains("moe", "Auto", PLACEMENT[:2], {"nvl72-0001", "nvl72-0003"})
+    assert stale_domains(["moe-nvl72-0001", "moe-nvl72-0003"], wanted) == ["moe-nvl72-0003"]
+    assert stale_domains([], wanted) == []
+
+
+def test_the_claim_goes_on_the_pod_and_its_gpu_container_once_keeping_the_users_own_claims():
+    spec = {
+        "resourceClaims": [{"name": "scratch", "resourceClaimTemplateName": "nvme"}],
+        "containers": [{"name": "trainer", "resources": {"claims": [{"name": "scratch"}]}}, {"name": "sidecar"}],
+    }
+    add_channel_claim(spec, "moe-nvl72-0001-channel")
+    add_channel_claim(spec, "moe-nvl72-0001-channel")
+    assert spec["resourceClaims"] == [
+        {"name": "scratch", "resourceClaimTemplateName": "nvme"},
+        {"name": CLAIM_NAME, "resourceClaimTemplateName": "moe-nvl72-0001-channel"},
+    ]
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": "scratch"}, {"name": CLAIM_NAME}]
+    assert "resources" not in spec["containers"][1]
+
+
+def test_pods_of_each_group_claim_their_own_supernodes_template():
+    shape = GangShape(tp=2, ep=1, pp=1, dp=2, gpus_per_pod=2)
+    pods = training_pods("moe", "ml", "uid", {"gpusPerPod": 2}, shape, {0: ["a0"], 1: ["b0"]}, {0: "t-a"})
+    assert pods["moe-0"]["spec"]["resourceClaims"] == [{"name": CLAIM_NAME, "resourceClaimTemplateName": "t-a"}]
+    assert pods["moe-0"]["spec"]["containers"][0]["resources"]["claims"] == [{"name": CLAIM_NAME}]
+    assert "resourceClaims" not in pods["moe-1"]["spec"], "group 1's supernode has no domain"
+
+
+# -- the controller ----------------------------------------------------------------------------
+
+
+def domains_of(cluster: FakeCluster, namespace: str = "ml") -> dict[str, dict]:
+    return {name: body for (ns, name), body in cluster.compute_domains.items() if ns == namespace}
+
+
+def claim_of(pod: dict) -> str | None:
+    claims = pod["spec"].get("resourceClaims") or []
+    return next((c["resourceClaimTemplateName"] for c in claims if c["name"] == CLAIM_NAME), None)
+
+
+def assert_pods_claim_their_racks_domain(cluster: FakeCluster, job: str) -> None:
+    status = cluster.status("TrainingJob", "ml", job)
+    rack_of = {g["group"]: g["supernode"] for g in status["placement"]}
+    pods = cluster.pods_of("tidal.dev/job", job)
+    assert pods
+    for pod in pods:
+        rack = rack_of[int(pod["metadata"]["labels"]["tidal.dev/hbd-group"])]
+        assert claim_of(pod) == f"{job}-{rack}-channel", pod["metadata"]["name"]
+        assert {"name": CLAIM_NAME} in pod["spec"]["containers"][0]["resources"]["claims"]
+    assert sorted(status["computeDomains"]) == sorted(f"{job}-{r}" for r in set(rack_of.values()))
+
+
+def test_a_two_rack_job_gets_one_owned_domain_per_rack_before_its_pods_and_every_pod_claims_its_own():
+    cluster = FakeCluster("nvl72", 3, clique=True)
+    job = cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 2})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["phase"] == "Running"
+    racks = {g["supernode"] for g in status["placement"]}
+    assert len(racks) == 2
+    domains = domains_of(cluster)
+    assert set(domains) == {f"moe-{r}" for r in racks}
+    for name, body in domains.items():
+        assert body["apiVersion"] == "resource.nvidia.com/v1beta1" and body["kind"] == "ComputeDomain"
+        assert body["spec"]["channel"]["resourceClaimTemplate"]["name"] == f"{name}-channel"
+        owner = body["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "TrainingJob",
+            "moe",
+            job.uid,
+            True,
+        )
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+    verbs = [verb for verb, _ in cluster.calls if verb in ("create_compute_domain", "create_pod")]
+    assert verbs.index("create_pod") > verbs.index("create_compute_domain"), "domains before the pods claiming them"
+    assert verbs.count("create_compute_domain") == 2, "made once each"
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert cond["status"] == "True" and cond["reason"] == "Created"
+
+
+def test_no_domain_without_a_clique_label_unless_the_job_or_supernode_asks_and_none_when_disabled():
+    cluster = FakeCluster("nvl72", 4)
+    cluster.add("TrainingJob", "ml", "plain", {**RACK, "dp": 1})
+    cluster.add("TrainingJob", "ml", "asked", {**RACK, "dp": 1, "computeDomain": "Enabled"})
+    sn = cluster.get("Supernode", None, "nvl72-0003")
+    cluster.objects[("Supernode", None, "nvl72-0003")] = dataclasses.replace(
+        sn, spec={**sn.spec, "computeDomain": "Enabled"}
+    )
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    plain = cluster.status("TrainingJob", "ml", "plain")
+    asked = cluster.status("TrainingJob", "ml", "asked")
+    assert plain["phase"] == asked["phase"] == "Running"
+    expected = {"asked-" + asked["placement"][0]["supernode"]}
+    if plain["placement"][0]["supernode"] == "nvl72-0003":  # the Supernode's own Enabled
+        expected.add("plain-nvl72-0003")
+    assert set(domains_of(cluster)) == expected
+    assert_pods_claim_their_racks_domain(cluster, "asked")
+
+    clique = FakeCluster("nvl72", 2, clique=True)
+    clique.add("TrainingJob", "ml", "off", {**RACK, "dp": 1, "computeDomain": "Disabled"})
+    run(clique, Controller(clique, FixedClock(NOW)))
+    assert clique.status("TrainingJob", "ml", "off")["phase"] == "Running"
+    assert not clique.compute_domains and not any(claim_of(p) for p in clique.pods_of("tidal.dev/job", "off"))
+
+
+def test_without_the_crd_pods_run_unclaimed_and_only_a_job_that_asked_gets_a_false_condition():
+    cluster = FakeCluster("nvl72", 2, clique=True)
+    cluster.compute_domain_crd = False
+    cluster.add("TrainingJob", "ml", "auto", {**RACK, "dp": 1})
+    cluster.add("TrainingJob", "ml", "asked", {**RACK, "dp": 1, "computeDomain": "Enabled"})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=4)
+    for name in ("auto", "asked"):
+        assert cluster.status("TrainingJob", "ml", name)["phase"] == "Running"
+        assert not any(claim_of(p) for p in cluster.pods_of("tidal.dev/job", name))
+    assert not cluster.compute_domains and ("create_compute_domain", "auto-nvl72-0000") not in cluster.calls
+    conditions = {c["type"]: c for c in cluster.status("TrainingJob", "ml", "asked")["conditions"]}
+    assert conditions["ComputeDomain"]["status"] == "False"
+    assert conditions["ComputeDomain"]["reason"] == "CRDNotInstalled"
+    assert "ComputeDomain" not in {c["type"] for c in cluster.status("TrainingJob", "ml", "auto")["conditions"]}
+    warnings = [d for v, d in cluster.calls if v == "event" and d[1] == "ComputeDomainUnavailable"]
+    assert len(warnings) == 1 and warnings[0][0] == "asked", "one warning, not one per cycle"
+    assert cluster.requests["discover_compute_domains"] == 1, "the CRD's presence is cached, not asked per job"
+
+
+def test_a_shrink_deletes_the_domain_of_the_rack_given_back_and_keeps_the_other():
+    cluster = FakeCluster("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 2, "preemptible": True, "elastic": {"minDP": 1, "maxDP": 2}})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    rack_of = {g["group"]: g["supernode"] for g in status["placement"]}
+    past = "2026-04-30T00:00:00Z"
+    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["currentDP"] == 1 and [g["group"] for g in status["placement"]] == [0]
+    assert set(domains_of(cluster)) == {f"moe-{rack_of[0]}"}
+    assert ("delete_compute_domain", f"moe-{rack_of[1]}") in cluster.calls
+    assert status["computeDomains"] == [f"moe-{rack_of[0]}"]
+
+
+def test_a_group_re_placed_on_another_rack_gets_a_domain_there_and_its_old_racks_domain_goes():
+    cluster = FakeCluster("nvl72", 3, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 2})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    before = {g["group"]: g for g in cluster.status("TrainingJob", "ml", "moe")["placement"]}
+    lost = before[1]["nodes"][3]  # a full rack: group 1 cannot stay on its own rack
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    after = {g["group"]: g["supernode"] for g in status["placement"]}
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert after[0] == before[0]["supernode"] and after[1] not in (before[0]["supernode"], before[1]["supernode"])
+    assert set(domains_of(cluster)) == {f"moe-{after[0]}", f"moe-{after[1]}"}
+    assert ("delete_compute_domain", f"moe-{before[1]['supernode']}") in cluster.calls
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+
+
+def test_a_suspended_job_gives_back_every_domain():
+    cluster = FakeCluster("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 2, "checkpoint": {"gracePeriodSeconds": 0}})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert len(domains_of(cluster)) == 2
+    view = cluster.get("TrainingJob", "ml", "moe")
+    cluster.objects[("TrainingJob", "ml", "moe")] = dataclasses.replace(view, spec={**view.spec, "suspend": True})
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["phase"] == "Suspended"
+    assert not domains_of(cluster) and "computeDomains" not in status
+
+
+@pytest.mark.parametrize("clique", [True, False])
+def test_a_node_held_by_a_domain_is_not_shared_with_another_gang(clique):
+    """2-GPU pods on 4-GPU trays: without domains tidal packs a second gang onto the half-used
+    tray (fullest nodes first); with a domain there, the tray serves that domain alone."""
+    cluster = FakeCluster("nvl72", 1, clique=clique)
+    spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "ml", "second", spec)
+    run(cluster, controller)
+    first = cluster.status("TrainingJob", "ml", "first")["placement"][0]["nodes"]
+    second = cluster.status("TrainingJob", "ml", "second")["placement"][0]["nodes"]
+    assert cluster.status("TrainingJob", "ml", "second")["phase"] == "Running"
+    if clique:
+        assert not set(first) & set(second), "a domain's node served another gang"
+        assert len(domains_of(cluster)) == 2
+        assert controller.last_report.overbooked_gpus == 0
+    else:
+        assert set(first) == set(second), "tidal shares a node between gangs when no domain holds it"
+
+
+def test_a_domain_held_node_is_not_taken_by_a_gang_admitted_in_the_same_cycle():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    cluster.add("TrainingJob", "ml", "second", spec)
+    controller = Controller(cluster, FixedClock(NOW))
+    controller.cycle(cluster.state())  # both admitted in one cycle
+    first = cluster.status("TrainingJob", "ml", "first")["placement"][0]["nodes"]
+    second = cluster.status("TrainingJob", "ml", "second")["placement"][0]["nodes"]
+    assert not set(first) & set(second)
+
+
+def test_a_refused_domain_holds_back_its_jobs_pods_until_both_can_be_made():
+    class RefusingDomains(FakeCluster):
+        refuse = True
+
+        def create_compute_domain(self, body):
+            if self.refuse:
+                raise RuntimeError("403 Forbidden: namespace is being terminated")
+            return super().create_compute_domain(body)
+
+    cluster = RefusingDomains("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert controller.failures == 0
+    assert not cluster.pods_of("tidal.dev/job", "moe"), "pods would wait on a template nobody makes"
+    cluster.refuse = False
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["phase"] == "Running"
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+
+
+def test_when_the_crd_goes_away_a_job_that_had_domains_says_so_and_forgets_them():
+    cluster = FakeCluster("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["computeDomains"]
+    cluster.compute_domain_crd = False
+    cluster.compute_domains.clear()  # the API server deletes the objects of a deleted CRD
+    controller.domains.forget()
+    view = cluster.get("TrainingJob", "ml", "moe")  # a new object: the job is reconciled again
+    cluster.objects[("TrainingJob", "ml", "moe")] = dataclasses.replace(view, resource_version="2", generation=2)
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["phase"] == "Running" and "computeDomains" not in status
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert (cond["status"], cond["reason"]) == ("False", "CRDNotInstalled")
+
+
+def test_the_crd_is_asked_again_after_the_recheck_interval_and_a_failed_read_keeps_the_last_answer():
+    answers: list[object] = [False, True, RuntimeError("connection refused")]
+    now = [0.0]
+
+    def probe() -> bool:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    support = ComputeDomainSupport(probe, clock=lambda: now[0])
+    assert support.installed() is False
+    now[0] += RECHECK_SECONDS / 2
+    assert support.installed() is False and len(answers) == 2, "cached"
+    now[0] += RECHECK_SECONDS
+    assert support.installed() is True
+    now[0] += RECHECK_SECONDS
+    assert support.installed() is True and not answers
+
+
+def test_a_domain_of_the_same_name_still_being_deleted_holds_the_pods_back_until_it_is_gone():
+    """Say the job was preempted and is re-admitted on the same rack while the driver's finalizer
+    still holds its old domain: pods claiming that domain's template now would lose it."""
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    old = {"metadata": {"name": "moe-nvl72-0000", "namespace": "ml", "deletionTimestamp": "2026-05-01T00:00:00Z"}}
+    cluster.compute_domains[("ml", "moe-nvl72-0000")] = old
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert not cluster.pods_of("tidal.dev/job", "moe")
+    del cluster.compute_domains[("ml", "moe-nvl72-0000")]  # the driver let it go
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["phase"] == "Running"
+    assert "deletionTimestamp" not in cluster.compute_domains[("ml", "moe-nvl72-0000")]["metadata"]
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+
+
+class _CustomObjects:
+    """CustomObjectsApi as far as create_compute_domain uses it: the name is taken (409)."""
+
+    def __init__(self, existing: dict):
+        self.existing = existing
+
+    def create_namespaced_custom_object(self, *args):
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=409, reason="AlreadyExists")
+
+    def get_namespaced_custom_object(self, *args):
+        return self.existing
+
+
+@pytest.mark.parametrize("terminating", [False, True])
+def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminating):
+    from kubernetes import client
+
+    from tidal.k8s.api import Api, DomainTerminating
+
+    api = Api(client.ApiClient(), workers=1)
+    meta = {"name": "moe-nvl72-0000", "namespace": "ml"}
+    api.custom = _CustomObjects({"metadata": {**meta, **({"deletionTimestamp": "t"} if terminating else {})}})
+    body = {"metadata": meta}
+    if terminating:
+        with pytest.raises(DomainTerminating):
+            api.create_compute_domain(body)
+    else:
+        assert api.create_compute_domain(body) is False
+
+
+def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_serves_both():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    low = {**RACK, "dp": 1, "preemptible": True, "checkpoint": {"gracePeriodSeconds": 0}}
+    cluster.add("TrainingJob", "ml", "low", low)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert set(domains_of(cluster)) == {"low-nvl72-0000"}
+    cluster.add("TrainingJob", "ml", "high", {**RACK, "dp": 1, "priority": 100})
+    run(cluster, controller, cycles=6)
+    assert cluster.status("TrainingJob", "ml", "low")["phase"] == "Pending"
+    assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"
+    assert set(domains_of(cluster)) == {"high-nvl72-0000"}, "the victim's domain went with its pods"
+    assert "computeDomains" not in cluster.status("TrainingJob", "ml", "low")
+    assert_pods_claim_their_racks_domain(cluster, "high")
+    assert not cluster.pods_of("tidal.dev/job", "low")
