@@ -115,6 +115,24 @@ class RecordingApi:
     def ensure_service(self, body) -> None:
         self.requests["create_service"] += 1
 
+    def apply_service(self, body) -> str:
+        self.requests["apply_service"] += 1
+        return "created"
+
+    def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
+        self.requests["label_pod"] += 1
+        assert self.controller is not None
+        pod = self.controller.cache.pods.get((namespace, name))
+        if pod is not None:
+            self._feed("pod", (namespace, name), replace(pod, labels={**pod.labels, **pod_labels}))
+
+    def create_compute_domain(self, body) -> bool:
+        self.requests["create_compute_domain"] += 1
+        return True
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        self.requests["delete_compute_domain"] += 1
+
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
         self.requests["patch_status"] += 1
         key = (kind, namespace, name)
