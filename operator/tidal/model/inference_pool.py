@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
 from tidal.model.common import ApiModel, Condition
+from tidal.model.pod_template import MAX_RESOURCE_NAME, PodTemplate, template_problems, template_rules
 from tidal.model.training_job import DEFAULT_ACCELERATOR, GroupPlacement
 
 HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
@@ -83,6 +84,7 @@ class InferencePoolSpec(ApiModel):
                     "message": "spec.schedule.windows: minReplicas must be <= maxReplicas",
                     "fieldPath": ".schedule",
                 },
+                *template_rules(),
             ]
         }
     }
@@ -92,8 +94,10 @@ class InferencePoolSpec(ApiModel):
     tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree of one replica.")
     ep: int = Field(default=1, ge=1, le=1024, description="Expert-parallel degree of one replica.")
     gpus_per_pod: int = Field(ge=1, le=128, description="Accelerators per pod; must divide tp*ep.")
-    accelerator: str = Field(default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name.")
-    template: dict[str, Any] = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
+    accelerator: str = Field(
+        default=DEFAULT_ACCELERATOR, min_length=1, max_length=MAX_RESOURCE_NAME, description="Extended resource name."
+    )
+    template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
     priority: int = Field(default=1000, ge=-1_000_000, le=1_000_000, description="Priority against training.")
     schedule: ScheduleSpec | None = Field(default=None, description="Time-of-day replica floors.")
     load: LoadSpec | None = Field(default=None, description="Load signal that may raise replicas above the floor.")
@@ -110,6 +114,9 @@ class InferencePoolSpec(ApiModel):
                     f"spec.schedule.windows[{i}].minReplicas: {w.min_replicas} is greater than "
                     f"maxReplicas={self.max_replicas}"
                 )
+        problems = template_problems(self.template, self.accelerator)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
