@@ -31,7 +31,7 @@ import structlog
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s.controller import Controller
-from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view
+from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view, tidal_controller
 from tidal.k8s.supernodes import discover
 
 log = structlog.get_logger("tidal")
@@ -97,8 +97,7 @@ def tidal_nodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[s
 
 def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
     # Only pods that hold accelerators or belong to tidal: the rest never matter for placement.
-    labels = body.get("metadata", {}).get("labels") or {}
-    if any(k.startswith(f"{API_GROUP}/") for k in labels):
+    if tidal_controller(body.get("metadata", {})) is not None:
         return True
     for c in body.get("spec", {}).get("containers") or []:
         res = c.get("resources") or {}
