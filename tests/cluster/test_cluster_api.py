@@ -15,6 +15,10 @@ GPU_REQUEST = {"requests": {"nvidia.com/gpu": "1"}}
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
+def prometheus_load(prometheus: dict) -> dict:
+    return {"targetPerReplica": 10, "source": "Prometheus", "prometheus": prometheus}
+
+
 def pod_spec(**fields) -> dict:
     return {"spec": {"containers": [MAIN], **fields}}
 
@@ -69,6 +73,8 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
         tolerations=[{"key": "gpu", "operator": "Exists"}],
     )
     kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(training_job("ok-template", template=allowed)))
+    named = inference_pool("ok-load", load=prometheus_load({"server": "main", "query": "sum(rate(x[1m]))"}))
+    kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(named))
     kept = kube.get("trainingjob", "ok-template", "-n", namespace)["spec"]["template"]["spec"]
     assert kept["tolerations"] == allowed["spec"]["tolerations"], "undeclared template fields are kept, not pruned"
     kube.apply(
@@ -140,6 +146,17 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             training_job("tpl-dup-names", template=pod_spec(containers=[MAIN, {**MAIN, "resources": GPU_LIMIT}])),
             "spec.template.spec.containers[1]",
             "Duplicate value",
+        ),
+        # Load from a free URL let any tenant make the operator fetch any address (issue 13).
+        (
+            inference_pool("free-url", load=prometheus_load({"url": "http://169.254.169.254/", "query": "up"})),
+            "spec.load.prometheus.url",
+            "no longer accepted",
+        ),
+        (
+            inference_pool("no-server", load=prometheus_load({"query": "up"})),
+            "spec.load.prometheus.server",
+            "is required",
         ),
         (training_job("tpl-no-name", template=pod_spec(containers=[{"image": "busybox"}])), "name", "Required value"),
     ],

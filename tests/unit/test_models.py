@@ -90,6 +90,17 @@ def test_inference_pool_validation():
         {"maxReplicas": 2, "gpusPerPod": 1, "template": {}, "load": {"targetPerReplica": 5, "source": "Prometheus"}},
     )
     assert load == ["spec.load.prometheus: is required when source is Prometheus"]
+    url = errors_of(
+        InferencePoolSpec,
+        {
+            "maxReplicas": 2,
+            "gpusPerPod": 1,
+            "template": {},
+            "load": {"targetPerReplica": 5, "source": "Prometheus", "prometheus": {"url": "http://x", "query": "up"}},
+        },
+    )
+    assert len(url) == 1 and url[0].startswith("spec.load.prometheus.url: no longer accepted"), url
+    assert "spec.load.prometheus.server" in url[0]
 
 
 def test_supernode_defaults():

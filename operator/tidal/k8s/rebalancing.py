@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import parse_time
@@ -29,6 +30,8 @@ class RebalanceSettings:
     """Most training GPUs the rebalancer may evict in any hour; None means no limit."""
     expand_cooldown: dt.timedelta = dt.timedelta(minutes=10)
     """An elastic job shrunk by the rebalancer is not grown back sooner than this."""
+    load_sources: Mapping[str, str] = field(default_factory=dict)
+    """Prometheus load source name -> base URL (operator flag --load-source): pools name one."""
 
 
 DISRUPTIONS = frozenset({REBALANCED, DEFRAGMENTED})
@@ -74,7 +77,7 @@ def rebalance_pools(
             pools[view.uid] = (view, new)
             cyc.writer.write(view, new)
             continue
-        rate, error = read_load(view)
+        rate, error = read_load(view, settings.load_sources)
         raw, why = desired_replicas(view.spec, cyc.now, rate)
         desired = tracker.stabilized(view.uid, cyc.now, raw)
         if desired > raw:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import socket
 from pathlib import Path
 
 from tidal.clock import FileClock, SystemClock
 from tidal.logging import configure as configure_logging
+from tidal.model.inference_pool import LOAD_SOURCE_NAME
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +27,10 @@ def run(args: argparse.Namespace) -> int:
 
     api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
-    rebalance = RebalanceSettings(disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour)
+    rebalance = RebalanceSettings(
+        disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour,
+        load_sources=load_sources(args.load_source),
+    )
     settings = ControllerSettings(
         min_cycle_seconds=args.cycle_seconds,
         rebalance=rebalance,
@@ -54,6 +59,17 @@ def run(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
+
+
+def load_sources(values: list[str]) -> dict[str, str]:
+    """NAME=URL pairs of --load-source: the only addresses a pool's Prometheus load query goes to."""
+    sources: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not re.fullmatch(LOAD_SOURCE_NAME, name) or not url.startswith(("http://", "https://")):
+            raise SystemExit(f"--load-source {value!r}: expected NAME=http(s)://host[:port][/path], NAME a DNS label")
+        sources[name] = url
+    return sources
 
 
 def peering_priority(value: str) -> int:
@@ -105,6 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="most training GPUs the rebalancer may evict per hour (default: no limit)",
+    )
+    parser.add_argument(
+        "--load-source",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="a Prometheus server InferencePools may query for load, by NAME (repeatable); pools never name URLs",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument(

@@ -38,11 +38,55 @@ class ScheduleSpec(ApiModel):
         return tz
 
 
-class PrometheusSource(ApiModel):
-    """A Prometheus instant query that returns the pool's current request rate."""
+LOAD_SOURCE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
-    url: str = Field(min_length=1, description="Base URL of the Prometheus HTTP API.")
-    query: str = Field(min_length=1, description="PromQL returning one sample: requests per second.")
+URL_REFUSED = (
+    "spec.load.prometheus.url: no longer accepted (the operator fetched any URL a tenant wrote): "
+    "set spec.load.prometheus.server to the name of a Prometheus load source the cluster admin "
+    "configured (Helm value loadSources, operator flag --load-source NAME=URL)"
+)
+
+
+class PrometheusSource(ApiModel):
+    """A Prometheus instant query, run against a load source the operator is configured with.
+
+    Sources are named by the cluster admin (`tidal run --load-source NAME=URL`, Helm value
+    loadSources); a pool names one, never a URL, so no tenant can make the operator fetch an
+    address of its choosing."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.url)", "message": URL_REFUSED, "fieldPath": ".url"},
+                {
+                    "rule": "has(self.server)",
+                    "message": "spec.load.prometheus.server: is required: the name of a configured load source",
+                    "fieldPath": ".server",
+                },
+            ]
+        }
+    }
+
+    server: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LOAD_SOURCE_NAME,
+        description="Name of a Prometheus load source configured in the operator (Helm value loadSources).",
+    )
+    query: str = Field(min_length=1, max_length=4096, description="PromQL returning one sample: requests per second.")
+    url: str | None = Field(
+        default=None,
+        description="Refused (kept only to name it in the error): a free URL let any tenant make the operator "
+        "fetch any address. Use `server`.",
+    )
+
+    @model_validator(mode="after")
+    def _named_source(self) -> PrometheusSource:
+        if self.url is not None:
+            raise ValueError(URL_REFUSED)
+        if self.server is None:
+            raise ValueError("spec.load.prometheus.server: is required: the name of a configured load source")
+        return self
 
 
 class LoadSpec(ApiModel):
