@@ -6,7 +6,7 @@ import time
 
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
-from .test_operator import assert_gangs_sound, job, pods_of, status, submit
+from .test_operator import assert_gangs_sound, job, pods_of, status, submit, wait_phase
 
 GPU = "nvidia.com/gpu"
 RACK = "nvl72-0000"
@@ -61,4 +61,39 @@ def test_labelled_foreign_pods_gpus_are_counted_as_used(kube: Kube, running_oper
     cond = {c["type"]: c for c in st["conditions"]}["Schedulable"]
     assert cond["status"] == "False", cond
     assert pods_of(kube, namespace, "all-racks") == []
+    assert_gangs_sound(kube)
+
+
+def test_priority_comes_from_the_priority_class_never_the_spec_integer(
+    kube: Kube, running_operator: OperatorProcess, namespace: str
+):
+    # Tenant a's preemptible work on every rack (64 of 72 GPUs each), at class tidal-batch (1).
+    submit(
+        kube,
+        namespace,
+        job("victim", tp=4, ep=16, pp=1, dp=8, priorityClassName="tidal-batch", preemptible=True),
+    )
+    wait_phase(kube, namespace, "victim", "Running", timeout=120)
+    pods = pods_of(kube, namespace, "victim")
+    assert {p["spec"]["priorityClassName"] for p in pods} == {"tidal-batch"}
+    assert {p["spec"]["priority"] for p in pods} == {1}, "the API server resolved the class on the pods"
+
+    # A tenant that writes a huge integer and no class gets the default (0): it preempts nobody.
+    submit(kube, namespace, job("bully", tp=4, ep=16, pp=1, dp=1, priority=1_000_000))
+    # A class that does not exist: Pending, the field named, nothing created.
+    submit(kube, namespace, job("unknown", tp=4, ep=1, pp=1, dp=1, priorityClassName="tidal-nope"))
+    st = eventually(
+        lambda: (s := status(kube, namespace, "unknown")).get("conditions") and s,
+        timeout=30,
+        what="unknown's status",
+    )
+    cond = {c["type"]: c for c in st["conditions"]}["Schedulable"]
+    assert (st["phase"], cond["status"], cond["reason"]) == ("Pending", "False", "UnknownPriorityClass")
+    assert cond["message"] == "spec.priorityClassName: PriorityClass 'tidal-nope' not found"
+    assert pods_of(kube, namespace, "unknown") == []
+    eventually(lambda: status(kube, namespace, "bully").get("conditions"), timeout=30, what="bully's status")
+    time.sleep(3)  # a preemption would have been started by now
+    victim = kube.get("trainingjob", "victim", "-n", namespace)
+    assert "tidal.dev/checkpoint-requested" not in victim["metadata"].get("annotations", {})
+    assert not victim["status"].get("eviction") and status(kube, namespace, "bully")["phase"] == "Pending"
     assert_gangs_sound(kube)

@@ -11,6 +11,7 @@ from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.compact import from_wire
+from tidal.k8s.priority import PriorityClassView
 from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
 from tidal.topology.fleet import build_fleet
 
@@ -36,6 +37,7 @@ class FakeCluster:
         self.nodes: dict[str, NodeView] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.objects: dict[tuple[str, str | None, str], ResourceView] = {}
+        self.priority_classes: dict[str, PriorityClassView] = {}
         for sn in build_fleet(shape, supernodes):
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
@@ -74,6 +76,10 @@ class FakeCluster:
         self.objects[(kind, namespace, name)] = view
         return view
 
+    def add_priority_class(self, name: str, value: int, global_default: bool = False) -> str:
+        self.priority_classes[name] = PriorityClassView(name, value, global_default)
+        return name
+
     def get(self, kind: str, namespace: str | None, name: str) -> ResourceView:
         return self.objects[(kind, namespace, name)]
 
@@ -92,6 +98,7 @@ class FakeCluster:
             supernodes=by_kind["Supernode"],
             jobs=by_kind["TrainingJob"],
             pools=by_kind["InferencePool"],
+            priority_classes=dict(self.priority_classes),
         )
 
     def pods_of(self, owner_label: str, name: str) -> list[dict[str, Any]]:

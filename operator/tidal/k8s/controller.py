@@ -19,6 +19,7 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
+from tidal.k8s.priority import Priorities
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
@@ -38,6 +39,9 @@ class ControllerSettings:
     """/healthz fails when timers fire but no cycle has finished for this long."""
     defragment: bool = True
     """Move preemptible work (checkpoint-first) when a queued gang is blocked only by fragmentation."""
+    spec_priority: bool = False
+    """Honour the deprecated integer spec.priority (operator flag --spec-priority): only where every
+    tenant may outrank every other; otherwise priorities come from PriorityClasses alone."""
     resync_seconds: float = 300.0
     """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
 
@@ -207,6 +211,7 @@ class Controller:
             pending_memo=self.pending_memo,
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
+            priorities=self.priorities(),
         )
         log.debug(
             "cycle",
@@ -258,14 +263,18 @@ class Controller:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report
 
+    def priorities(self) -> Priorities:
+        return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)
+
     def _book(self, statuses: Statuses, pools: Statuses) -> None:
         """GPUs booked by each workload's recorded placement, diffed only where a status changed."""
         keeper = self.keeper
+        priorities = self.priorities()
         for view, status in statuses.values():
             source = None if view.deleting else status
             grew = keeper.set_allocations(view.uid, source, allocations(view, status) if source is not None else ())
             if grew and view.spec.get("preemptible"):
-                self.victims_added[int(view.spec.get("priority", 0))] += 1
+                self.victims_added[priorities.of(view)] += 1
         for view, status in pools.values():
             source = None if view.deleting else status
             keeper.set_allocations(view.uid, source, pool_allocations(view, status) if source is not None else ())

@@ -14,6 +14,7 @@ from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE, JOB
+from tidal.k8s.priority import Priorities
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -47,6 +48,8 @@ class Cycle:
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
     """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
+    priorities: Priorities = field(default_factory=Priorities)
+    """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
 
     @property
     def stamp(self) -> str:

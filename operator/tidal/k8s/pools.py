@@ -125,6 +125,7 @@ def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[
                 "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(gpp),
             },
+            priority_class_name=spec.get("priorityClassName"),
         )
     return pods
 

@@ -15,7 +15,9 @@ from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, with
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
+from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.state import ResourceView
+from tidal.k8s.status import set_condition
 from tidal.k8s.training import groups_of_replicas, holds_gpus, shape_of, start_eviction, summary_fields
 from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
@@ -67,13 +69,16 @@ def rebalance_pools(
     """Reconcile every pool and grow those below desired. True if any pool still waits for GPUs."""
     waiting = False
     tracker.forget({view.uid for view, _ in pools.values()})
-    order = sorted(pools.values(), key=lambda item: (-int(item[0].spec.get("priority", 1000)), item[0].created))
+    order = sorted(pools.values(), key=lambda item: (-cyc.priorities.of(item[0]), item[0].created))
     for view, status in order:
         if view.deleting:
             continue
-        problem = spec_problem(view)
+        problem = spec_problem(view) or cyc.priorities.problem(view)
         if problem:
-            new = {**status, "reason": problem}
+            # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
+            reason = UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
+            conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, problem, cyc.stamp)
+            new = {**status, "reason": problem, "conditions": conditions}
             pools[view.uid] = (view, new)
             cyc.writer.write(view, new)
             continue
@@ -93,13 +98,17 @@ def rebalance_pools(
         if need > 0:
             new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
             waiting |= still_waiting
-        new["conditions"] = pool_conditions(new, cyc.stamp)
+        new["conditions"] = [  # the problem that held it back is gone
+            c
+            for c in pool_conditions(new, cyc.stamp)
+            if not (c["type"] == "Schedulable" and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec"))
+        ]
         pools[view.uid] = (view, new)
         cyc.writer.write(view, new)
     return waiting
 
 
-def _request(view: ResourceView, replicas: int) -> GangRequest:
+def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:
     spec = view.spec
     return GangRequest(
         view.ref,
@@ -107,7 +116,7 @@ def _request(view: ResourceView, replicas: int) -> GangRequest:
         group_gpus=spec.get("tp", 1) * spec.get("ep", 1),
         gpus_per_pod=spec["gpusPerPod"],
         accelerator=spec.get("accelerator", "nvidia.com/gpu"),
-        priority=int(spec.get("priority", 1000)),
+        priority=cyc.priorities.of(view),
     )
 
 
@@ -115,7 +124,7 @@ def _grow(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], need: int, jobs: Statuses, settings: RebalanceSettings
 ) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
-    free = plan_capacity(cyc.snapshot, _request(view, need), [], None)
+    free = plan_capacity(cyc.snapshot, _request(cyc, view, need), [], None)
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
     if free.placement is not None:
         apply_plan(cyc.snapshot, free.placement)
@@ -127,7 +136,7 @@ def _grow(
         return status, False
     left = budget_left(cyc, jobs, settings)
     scratch = without_evictions_in_flight(cyc, jobs)
-    plan = plan_capacity(scratch, _request(view, remaining), running_gangs(cyc, jobs), left)
+    plan = plan_capacity(scratch, _request(cyc, view, remaining), running_gangs(cyc, jobs), left)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}
     for eviction in plan.evictions:
         victim, victim_status = by_uid[eviction.gang]
@@ -155,7 +164,7 @@ def _grow(
 
 def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> None:
     """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs."""
-    for view, status in sorted(jobs.values(), key=lambda i: (-int(i[0].spec.get("priority", 0)), i[0].created)):
+    for view, status in sorted(jobs.values(), key=lambda i: (-cyc.priorities.of(i[0]), i[0].created)):
         if view.deleting or status.get("phase") != "Running" or status.get("eviction") or view.spec.get("suspend"):
             continue
         shape = shape_of(view, status)
@@ -178,7 +187,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
                 group_gpus=shape.group_gpus,
                 gpus_per_pod=shape.gpus_per_pod,
                 accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-                priority=int(view.spec.get("priority", 0)),
+                priority=cyc.priorities.of(view),
                 group_ids=groups,
             )
             plan = plan_gang(cyc.snapshot, request)

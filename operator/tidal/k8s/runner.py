@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         rebalance=rebalance,
         supernode_label=args.supernode_label,
         max_cycle_age_seconds=args.max_cycle_age,
+        spec_priority=args.spec_priority,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
@@ -128,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=URL",
         help="a Prometheus server InferencePools may query for load, by NAME (repeatable); pools never name URLs",
+    )
+    parser.add_argument(
+        "--spec-priority",
+        action="store_true",
+        help="honour the deprecated integer spec.priority of workloads without spec.priorityClassName "
+        "(only where every tenant may outrank every other)",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument(

@@ -191,6 +191,8 @@ class ClusterState:
     supernodes: dict[str, ResourceView] = field(default_factory=dict)
     jobs: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
     pools: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
+    priority_classes: dict[str, Any] = field(default_factory=dict)
+    """PriorityClass name -> tidal.k8s.priority.PriorityClassView."""
 
     _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
 

@@ -142,7 +142,20 @@ class InferencePoolSpec(ApiModel):
         default=DEFAULT_ACCELERATOR, min_length=1, max_length=MAX_RESOURCE_NAME, description="Extended resource name."
     )
     template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
-    priority: int = Field(default=1000, ge=-1_000_000, le=1_000_000, description="Priority against training.")
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="PriorityClass whose value orders and may preempt (as for pods; tidal's pods get it too). "
+        "None: the globalDefault PriorityClass's value, or 0. A class that does not exist keeps it Pending.",
+    )
+    priority: int = Field(
+        default=1000,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Deprecated, ignored: any tenant could outrank any other. Use priorityClassName. Honoured "
+        "only when the operator runs with --spec-priority (all tenants trusted).",
+    )
     schedule: ScheduleSpec | None = Field(default=None, description="Time-of-day replica floors.")
     load: LoadSpec | None = Field(default=None, description="Load signal that may raise replicas above the floor.")
 

@@ -1,7 +1,8 @@
 """The pod template of a TrainingJob or InferencePool: free-form, except the fields tidal owns.
 
 tidal pins every pod to the node it chose (required node affinity on metadata.name), gates it
-until the whole gang exists and puts the GPU request on the first container. A template that sets
+until the whole gang exists, puts the GPU request on the first container and gives it the
+workload's PriorityClass. A template that sets
 any of those itself breaks the gang: `nodeName` makes every pod create fail (422) while the GPUs
 stay booked, a foreign scheduling gate is never lifted, a nodeSelector that misses the chosen node
 leaves the pod unschedulable, and a GPU request on another container takes GPUs tidal never
@@ -97,6 +98,10 @@ class PodSpecFields(PassThrough):
         default=None, description="Must not be set: tidal lifts only its own gate, once the whole gang exists."
     )
     affinity: Affinity | None = Field(default=None, description="Affinity; no required node affinity.")
+    priority_class_name: str | None = Field(
+        default=None, description="Must not be set: tidal gives every pod the workload's spec.priorityClassName."
+    )
+    priority: int | None = Field(default=None, description="Must not be set: the API server derives it from the class.")
 
 
 class PodTemplate(PassThrough):
@@ -124,6 +129,11 @@ def template_problems(template: PodTemplate, accelerator: str) -> list[str]:
         out.append("spec.template.spec.nodeSelector: must not be set: tidal chooses each pod's node")
     if spec.scheduling_gates:
         out.append("spec.template.spec.schedulingGates: must not be set: tidal gates and ungates its pods")
+    for field, value in (("priorityClassName", spec.priority_class_name), ("priority", spec.priority)):
+        if value is not None:
+            out.append(
+                f"spec.template.spec.{field}: must not be set: set spec.priorityClassName; tidal gives it to every pod"
+            )
     node_affinity = spec.affinity.node_affinity if spec.affinity else None
     if node_affinity and node_affinity.required_during_scheduling_ignored_during_execution:
         out.append(
@@ -163,6 +173,8 @@ def template_rules() -> list[dict[str, str]]:
         absent("nodeName", "tidal chooses each pod's node"),
         absent("nodeSelector", "tidal chooses each pod's node"),
         absent("schedulingGates", "tidal gates and ungates its pods"),
+        absent("priorityClassName", "set spec.priorityClassName; tidal gives it to every pod"),
+        absent("priority", "set spec.priorityClassName; tidal gives it to every pod"),
         {
             "rule": f"!has({_T}) || !has({_T}.affinity) || !has({_T}.affinity.nodeAffinity) || "
             f"!has({_T}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)",

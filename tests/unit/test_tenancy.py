@@ -1,0 +1,64 @@
+"""Priorities from PriorityClasses (issue 13): a free integer let any namespace outrank any other."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tidal.clock import FixedClock
+from tidal.k8s.controller import Controller, ControllerSettings
+
+from .fake_cluster import FakeCluster
+from .test_rebalance import TEMPLATE, run
+
+NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def rack_job(**extra) -> dict:
+    return {"tp": 4, "ep": 16, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE, **extra}
+
+
+def test_unknown_priority_class_keeps_the_job_pending_naming_the_field_until_it_exists():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "j", rack_job(priorityClassName="gold"))
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "a", "j")
+    assert status["phase"] == "Pending"
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (cond["status"], cond["reason"]) == ("False", "UnknownPriorityClass")
+    assert cond["message"] == "spec.priorityClassName: PriorityClass 'gold' not found"
+    assert not cluster.pods, "no pod made (the API server would refuse it)"
+    cluster.add_priority_class("gold", 100)
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "j")["phase"] == "Running"
+    assert {p["spec"]["priorityClassName"] for p in cluster.pods.values()} == {"gold"}
+
+
+def test_spec_priority_is_ignored_unless_the_operator_allows_it():
+    """Tenant b writes priority 1000000 without a class: it must not preempt tenant a's work."""
+    for allowed in (False, True):
+        cluster = FakeCluster("nvl72", 1)
+        controller = Controller(cluster, FixedClock(NOW), ControllerSettings(spec_priority=allowed))
+        cluster.add("TrainingJob", "a", "victim", rack_job(preemptible=True, priority=0))
+        run(cluster, controller)
+        assert cluster.status("TrainingJob", "a", "victim")["phase"] == "Running"
+        cluster.add("TrainingJob", "b", "bully", rack_job(priority=1_000_000))
+        run(cluster, controller)
+        evicted = bool(cluster.status("TrainingJob", "a", "victim").get("eviction"))
+        assert evicted is allowed, f"spec_priority={allowed}"
+
+
+def test_priority_class_value_preempts_and_the_global_default_applies_without_a_class():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("batch", 10, global_default=True)
+    cluster.add_priority_class("urgent", 100)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "victim", rack_job(preemptible=True))  # the default: 10
+    run(cluster, controller)
+    cluster.add("TrainingJob", "b", "same", rack_job(priority=1_000_000))  # also 10: no preemption
+    run(cluster, controller)
+    assert not cluster.status("TrainingJob", "a", "victim").get("eviction")
+    cluster.add("TrainingJob", "b", "urgent", rack_job(priorityClassName="urgent"))
+    run(cluster, controller)
+    eviction = cluster.status("TrainingJob", "a", "victim")["eviction"]
+    assert eviction["by"] == "b/urgent (priority 100)"
