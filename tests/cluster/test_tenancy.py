@@ -97,3 +97,38 @@ def test_priority_comes_from_the_priority_class_never_the_spec_integer(
     assert "tidal.dev/checkpoint-requested" not in victim["metadata"].get("annotations", {})
     assert not victim["status"].get("eviction") and status(kube, namespace, "bully")["phase"] == "Pending"
     assert_gangs_sound(kube)
+
+
+def test_namespace_gpu_quota_is_enforced_for_the_whole_gang_before_any_pod(
+    kube: Kube, running_operator: OperatorProcess, namespace: str
+):
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpus", "namespace": namespace},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "80"}},
+        }
+    )
+    submit(kube, namespace, job("first", tp=4, ep=16, pp=1, dp=1))  # 64 GPUs
+    wait_phase(kube, namespace, "first", "Running")
+    # 32 more would make 96 > 80: the API server would take 4 of its 8 pods and refuse the rest.
+    submit(kube, namespace, job("second", tp=4, ep=4, pp=1, dp=2))
+    st = eventually(
+        lambda: (s := status(kube, namespace, "second")).get("conditions") and s,
+        timeout=30,
+        what="second's status",
+    )
+    cond = {c["type"]: c for c in st["conditions"]}["Schedulable"]
+    assert (st["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), st
+    assert cond["message"] == (
+        f"ResourceQuota {namespace}/gpus: requests.nvidia.com/gpu 64 of 80 in use, 16 left; this needs 32"
+    )
+    assert f"ResourceQuota {namespace}/gpus" in kube.run("get", "tj", "second", "-n", namespace).stdout
+    time.sleep(2)
+    assert pods_of(kube, namespace, "second") == [], "nothing half-created"
+    # Room in the namespace again: it is admitted whole.
+    kube.run("delete", "trainingjob", "first", "-n", namespace, "--wait=true", "--timeout=60s")
+    wait_phase(kube, namespace, "second", "Running", timeout=90)
+    assert len(pods_of(kube, namespace, "second")) == 8
+    assert_gangs_sound(kube)

@@ -62,3 +62,40 @@ def test_priority_class_value_preempts_and_the_global_default_applies_without_a_
     run(cluster, controller)
     eviction = cluster.status("TrainingJob", "a", "victim")["eviction"]
     assert eviction["by"] == "b/urgent (priority 100)"
+
+
+def test_a_gang_past_its_namespaces_gpu_quota_stays_pending_naming_it_and_nothing_is_made():
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "80", "cpu": "100"})
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "first", rack_job())  # 64 GPUs
+    cluster.add("TrainingJob", "b", "elsewhere", rack_job())  # another namespace: no quota
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "second", {**rack_job(), "ep": 4, "dp": 2})  # 32 more: 96 > 80
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "first")["phase"] == "Running"
+    assert cluster.status("TrainingJob", "b", "elsewhere")["phase"] == "Running"
+    status = cluster.status("TrainingJob", "a", "second")
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded")
+    assert cond["message"] == "ResourceQuota a/gpus: requests.nvidia.com/gpu 64 of 80 in use, 16 left; this needs 32"
+    assert not cluster.pods_of("tidal.dev/job", "second")
+    # An elastic job starts as large as the quota allows.
+    cluster.add("TrainingJob", "a", "elastic", {**rack_job(), "ep": 2, "dp": 4, "elastic": {"minDP": 1, "maxDP": 4}})
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "elastic")["currentDP"] == 2  # 2 x 8 = the 16 left
+    # Room freed in the namespace: the waiting job is tried again and admitted.
+    del cluster.objects[("TrainingJob", "a", "first")]
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "second")["phase"] == "Running"
+
+
+def test_quota_scoped_to_other_priority_classes_does_not_apply():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("tidal-batch", 1)
+    scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["tidal-serving"]}]}
+    cluster.add_quota("a", "serving-gpus", {"requests.nvidia.com/gpu": "0"}, scopeSelector=scope)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "batch", rack_job(priorityClassName="tidal-batch"))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "batch")["phase"] == "Running"

@@ -20,6 +20,7 @@ from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
+from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
@@ -169,6 +170,7 @@ def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
         victims,
         cyc.evictions_started,
         cyc.priorities.version,  # a PriorityClass made or changed: its priority (or existence) moved
+        cyc.quotas.version,  # a ResourceQuota made or changed
     )
 
 
@@ -197,6 +199,13 @@ def _try_admit(
     dps = [view.spec.get("dp", 1)]
     if elastic:
         dps += list(range(dps[0] - 1, elastic["minDP"] - 1, -1))
+    # The namespace's GPU quota, for the whole gang, before anything is booked or created: the API
+    # server would refuse the pods past the quota one by one and leave the gang half-made.
+    over_quota = [dp for dp in dps if cyc.quotas.problem(view, GangShape.of(view.spec, dp).world_size)]
+    if len(over_quota) == len(dps):
+        problem = cyc.quotas.problem(view, GangShape.of(view.spec, dps[-1]).world_size) or ""
+        return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
+    dps = [dp for dp in dps if dp not in over_quota]
     misses: list[Unplaceable] = []
     for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
         shape = GangShape.of(view.spec, dp)
@@ -217,6 +226,8 @@ def _try_admit(
         misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
+    if over_quota:  # preemption and defragmentation plan for spec.dp, which the quota refuses
+        return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
     return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
 
 
@@ -224,6 +235,7 @@ def _admitted(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, plan: PlacementPlan
 ) -> dict[str, Any]:
     apply_plan(cyc.snapshot, plan)
+    cyc.quotas.book(view, shape.world_size)
     placement = placement_of(plan)
     summary = summary_fields(placement, shape)
     message = (

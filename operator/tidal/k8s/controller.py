@@ -20,6 +20,7 @@ from tidal.k8s.api import Api
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.priority import Priorities
+from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
@@ -244,6 +245,7 @@ class Controller:
             statuses[uid] = (view, new)
             self.writer.write(view, new)
 
+        cyc.quotas = self._quotas(statuses, pools)
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
@@ -262,6 +264,24 @@ class Controller:
         if report.overbooked_gpus:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report
+
+    def _quotas(self, statuses: Statuses, pools: Statuses) -> Quotas:
+        """Quotas of the namespaces that have any, with the GPUs held there: bookings from the
+        recorded placements (pods may not exist yet) and every other active GPU pod."""
+        cache = self.cache
+        limited = {q.namespace for q in cache.quotas.values() if q.hard}
+        if not limited:
+            return Quotas(version=cache.quota_version)
+        held: list[tuple[str, str, int]] = []
+        for items, allocs in ((statuses, allocations), (pools, pool_allocations)):
+            for view, status in items.values():
+                if view.namespace in limited and not view.deleting:
+                    gpus = sum(n for _, n in allocs(view, status))
+                    held.append((view.namespace, view.spec.get("accelerator", "nvidia.com/gpu"), gpus))
+        for pod in cache.pods.values():
+            if pod.owner is None and pod.active and pod.namespace in limited:
+                held.extend((pod.namespace, resource, n) for resource, n in pod.requests.items())
+        return Quotas.build(cache.quotas.values(), held, cache.quota_version)
 
     def priorities(self) -> Priorities:
         return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)

@@ -15,6 +15,7 @@ from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE, JOB
 from tidal.k8s.priority import Priorities
+from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -50,6 +51,8 @@ class Cycle:
     """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
     priorities: Priorities = field(default_factory=Priorities)
     """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
+    quotas: Quotas = field(default_factory=Quotas)
+    """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
 
     @property
     def stamp(self) -> str:

@@ -16,6 +16,7 @@ from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import GangShape
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
+from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
 from tidal.k8s.training import groups_of_replicas, holds_gpus, shape_of, start_eviction, summary_fields
@@ -95,14 +96,30 @@ def rebalance_pools(
                 k: v for k, v in {"currentRate": rate, "observedAt": cyc.stamp, "error": error}.items() if v is not None
             }
         need = desired - new["placedReplicas"]
+        replica_gpus = view.spec.get("tp", 1) * view.spec.get("ep", 1)
+        room = cyc.quotas.room(view)
+        quota_problem = None
+        if need > 0 and room is not None and need * replica_gpus > room:
+            # Only whole replicas within the namespace's quota (no replica half-created).
+            quota_problem = cyc.quotas.problem(view, need * replica_gpus)
+            need = room // replica_gpus
+            new["reason"] = f"{new['reason']}; {quota_problem}"
         if need > 0:
+            placed = new["placedReplicas"]
             new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
+            cyc.quotas.book(view, (new["placedReplicas"] - placed) * replica_gpus)
             waiting |= still_waiting
-        new["conditions"] = [  # the problem that held it back is gone
+        conditions = [  # the problem that held it back is gone
             c
             for c in pool_conditions(new, cyc.stamp)
-            if not (c["type"] == "Schedulable" and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec"))
+            if not (
+                c["type"] == "Schedulable"
+                and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec", QUOTA_EXCEEDED)
+            )
         ]
+        if quota_problem:
+            conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
+        new["conditions"] = conditions
         pools[view.uid] = (view, new)
         cyc.writer.write(view, new)
     return waiting
@@ -180,6 +197,8 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             continue
         for dp in range(target, shape.dp, -1):
             bigger = GangShape.of(view.spec, dp)
+            if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
+                continue  # grown only within the namespace's GPU quota
             groups = tuple(range(shape.groups, bigger.groups))
             request = GangRequest(
                 view.ref,
@@ -194,6 +213,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             if not isinstance(plan, PlacementPlan):
                 continue
             apply_plan(cyc.snapshot, plan)
+            cyc.quotas.book(view, bigger.world_size - shape.world_size)
             placement = [
                 *status["placement"],
                 *({"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups),

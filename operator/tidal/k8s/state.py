@@ -193,6 +193,8 @@ class ClusterState:
     pools: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
     priority_classes: dict[str, Any] = field(default_factory=dict)
     """PriorityClass name -> tidal.k8s.priority.PriorityClassView."""
+    quotas: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """(namespace, name) -> tidal.k8s.quota.QuotaView of every ResourceQuota."""
 
     _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
 
