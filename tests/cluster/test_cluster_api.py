@@ -147,6 +147,16 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             "spec.template.spec.containers[1]",
             "Duplicate value",
         ),
+        (
+            training_job("tpl-class", template=pod_spec(priorityClassName="system-node-critical")),
+            "spec.template.spec.priorityClassName",
+            "set spec.priorityClassName",
+        ),
+        (
+            inference_pool("bad-class-name", priorityClassName="Not_A_Name"),
+            "spec.priorityClassName",
+            "should match",
+        ),
         # Load from a free URL let any tenant make the operator fetch any address (issue 13).
         (
             inference_pool("free-url", load=prometheus_load({"url": "http://169.254.169.254/", "query": "up"})),
