@@ -99,3 +99,17 @@ def test_quota_scoped_to_other_priority_classes_does_not_apply():
     cluster.add("TrainingJob", "a", "batch", rack_job(priorityClassName="tidal-batch"))
     run(cluster, controller)
     assert cluster.status("TrainingJob", "a", "batch")["phase"] == "Running"
+
+
+def test_pool_replicas_stay_within_the_namespaces_gpu_quota():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_quota("serve", "gpus", {"requests.nvidia.com/gpu": "20"})
+    controller = Controller(cluster, FixedClock(NOW))
+    pool = {"minReplicas": 4, "maxReplicas": 4, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "serve", "chat", pool)
+    run(cluster, controller)
+    status = cluster.get("InferencePool", "serve", "chat").status
+    assert status["placedReplicas"] == 2, "whole replicas of 8 within 20 GPUs"
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert cond["reason"] == "QuotaExceeded" and "ResourceQuota serve/gpus" in cond["message"]
+    assert len(cluster.pods_of("tidal.dev/pool", "chat")) == 4
