@@ -118,6 +118,7 @@ def run(supernodes: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
         "tidal.dev/supernode",
         "--metrics-port",
         str(metrics_port),
+        "--spec-priority",  # the synthetic jobs carry integer priorities (big-gang goes first)
         env={"TIDAL_LOG_LEVEL": "WARNING"},
     )
     op.start()

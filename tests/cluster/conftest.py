@@ -32,6 +32,8 @@ def kube() -> Kube:
     k.run("apply", "--server-side", "-f", str(REPO / "crds"))
     k.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
     k.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
+    # Workload priorities are PriorityClass values: tidal-batch 1, tidal-training 100, tidal-serving 1000.
+    k.run("apply", "-f", str(REPO / "examples" / "priorityclasses.yaml"))
     yield k
     if not was_up and not os.environ.get("TIDAL_KEEP_CLUSTER"):
         subprocess.run([str(E2E / "cluster.sh"), "down"], env=env, check=False)

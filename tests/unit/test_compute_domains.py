@@ -276,7 +276,8 @@ def test_a_node_held_by_a_domain_is_not_shared_with_another_gang(clique):
     tray (fullest nodes first); with a domain there, the tray serves that domain alone."""
     cluster = FakeCluster("nvl72", 1, clique=clique)
     spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
-    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    cluster.add_priority_class("first", 5)
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priorityClassName": "first"})
     controller = Controller(cluster, FixedClock(NOW))
     run(cluster, controller)
     cluster.add("TrainingJob", "ml", "second", spec)
@@ -295,7 +296,8 @@ def test_a_node_held_by_a_domain_is_not_shared_with_another_gang(clique):
 def test_a_domain_held_node_is_not_taken_by_a_gang_admitted_in_the_same_cycle():
     cluster = FakeCluster("nvl72", 1, clique=True)
     spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
-    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    cluster.add_priority_class("first", 5)
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priorityClassName": "first"})
     cluster.add("TrainingJob", "ml", "second", spec)
     controller = Controller(cluster, FixedClock(NOW))
     controller.cycle(cluster.state())  # both admitted in one cycle
@@ -419,7 +421,8 @@ def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_
     controller = Controller(cluster, FixedClock(NOW))
     run(cluster, controller)
     assert set(domains_of(cluster)) == {"low-nvl72-0000"}
-    cluster.add("TrainingJob", "ml", "high", {**RACK, "dp": 1, "priority": 100})
+    cluster.add_priority_class("urgent", 100)
+    cluster.add("TrainingJob", "ml", "high", {**RACK, "dp": 1, "priorityClassName": "urgent"})
     run(cluster, controller, cycles=6)
     assert cluster.status("TrainingJob", "ml", "low")["phase"] == "Pending"
     assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tidal.clock import FixedClock
-from tidal.k8s.controller import Controller
+from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan, plan_gang
 from tidal.placement.workload_mix import JobShape
 from tidal.sim.engine import FREE, Costs, Job, Simulation
@@ -94,7 +94,8 @@ def test_tidal_policy_decides_like_the_operator_rebalancer(replicas, expected):
     for name, spec in specs.items():
         cluster.add("TrainingJob", "ml", name, {**spec, "template": TEMPLATE})
     clock = FixedClock(dt.datetime(2026, 5, 1, 3, tzinfo=dt.UTC))
-    controller = Controller(cluster, clock)
+    # The simulator's workloads carry integer priorities: the operator honours them (--spec-priority).
+    controller = Controller(cluster, clock, ControllerSettings(spec_priority=True))
     run(cluster, controller)
     placed = {name: cluster.status("TrainingJob", "ml", name) for name in specs}
     assert all(s["phase"] == "Running" for s in placed.values())

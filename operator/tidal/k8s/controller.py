@@ -20,6 +20,8 @@ from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import pool_allocations
+from tidal.k8s.priority import Priorities
+from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
@@ -39,6 +41,9 @@ class ControllerSettings:
     """/healthz fails when timers fire but no cycle has finished for this long."""
     defragment: bool = True
     """Move preemptible work (checkpoint-first) when a queued gang is blocked only by fragmentation."""
+    spec_priority: bool = False
+    """Honour the deprecated integer spec.priority (operator flag --spec-priority): only where every
+    tenant may outrank every other; otherwise priorities come from PriorityClasses alone."""
     resync_seconds: float = 300.0
     """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
 
@@ -234,6 +239,7 @@ class Controller:
             service_conflicts=self.service_conflicts,
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
+            priorities=self.priorities(),
         )
         log.debug(
             "cycle",
@@ -266,6 +272,7 @@ class Controller:
             statuses[uid] = (view, new)
             self.writer.write(view, new)
 
+        cyc.quotas = self._quotas(statuses, pools)
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
@@ -288,9 +295,31 @@ class Controller:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report
 
+    def _quotas(self, statuses: Statuses, pools: Statuses) -> Quotas:
+        """Quotas of the namespaces that have any, with the GPUs held there: bookings from the
+        recorded placements (pods may not exist yet) and every other active GPU pod."""
+        cache = self.cache
+        limited = {q.namespace for q in cache.quotas.values() if q.hard}
+        if not limited:
+            return Quotas(version=cache.quota_version)
+        held: list[tuple[str, str, int]] = []
+        for items, allocs in ((statuses, allocations), (pools, pool_allocations)):
+            for view, status in items.values():
+                if view.namespace in limited and not view.deleting:
+                    gpus = sum(n for _, n in allocs(view, status))
+                    held.append((view.namespace, view.spec.get("accelerator", "nvidia.com/gpu"), gpus))
+        for pod in cache.pods.values():
+            if pod.owner is None and pod.active and pod.namespace in limited:
+                held.extend((pod.namespace, resource, n) for resource, n in pod.requests.items())
+        return Quotas.build(cache.quotas.values(), held, cache.quota_version)
+
+    def priorities(self) -> Priorities:
+        return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)
+
     def _book(self, statuses: Statuses, pools: Statuses) -> None:
         """GPUs booked by each workload's recorded placement, diffed only where a status changed."""
         keeper = self.keeper
+        priorities = self.priorities()
         for view, status in statuses.values():
             source = None if view.deleting else status
             grew = keeper.set_allocations(
@@ -300,7 +329,7 @@ class Controller:
                 lambda view=view, status=status: domain_held_nodes(view, status),
             )
             if grew and view.spec.get("preemptible"):
-                self.victims_added[int(view.spec.get("priority", 0))] += 1
+                self.victims_added[priorities.of(view)] += 1
         for view, status in pools.values():
             source = None if view.deleting else status
             keeper.set_allocations(view.uid, source, pool_allocations(view, status) if source is not None else ())

@@ -15,6 +15,8 @@ from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE, JOB
+from tidal.k8s.priority import Priorities
+from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -66,6 +68,10 @@ class Cycle:
     """Whether the ComputeDomain CRD is served (asked only when a job wants a domain)."""
     domain_creates: list[dict[str, Any]] = field(default_factory=list)
     domain_deletes: list[tuple[str, str]] = field(default_factory=list)
+    priorities: Priorities = field(default_factory=Priorities)
+    """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
+    quotas: Quotas = field(default_factory=Quotas)
+    """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
 
     @property
     def stamp(self) -> str:

@@ -92,6 +92,7 @@ def pinned_pod(
     owner: dict[str, Any],
     env: dict[str, str],
     subdomain: str | None = None,
+    priority_class_name: str | None = None,
 ) -> dict[str, Any]:
     """A pod from the user's template, gated and pinned to `node`, with the tidal env and labels."""
     template = copy.deepcopy(template or {})
@@ -107,6 +108,8 @@ def pinned_pod(
             "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
         },
     }
+    if priority_class_name:  # the workload's class (validated to exist before any pod is made)
+        spec["priorityClassName"] = priority_class_name
     if subdomain:
         spec["hostname"] = name
         spec["subdomain"] = subdomain
@@ -180,6 +183,7 @@ def training_pods(
                 owner=owner,
                 env=env,
                 subdomain=job,
+                priority_class_name=spec.get("priorityClassName"),
             )
             template = (claims or {}).get(group)
             if template:

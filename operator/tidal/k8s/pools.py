@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import structlog
 from pydantic import ValidationError
 
 from tidal.k8s import labels
@@ -22,6 +24,11 @@ from tidal.model import InferencePoolSpec, describe_errors
 
 LOAD_ANNOTATION = "tidal.dev/load-rps"
 PROMETHEUS_TIMEOUT_SECONDS = 2.0
+PROMETHEUS_MAX_BYTES = 1 << 20
+"""A larger answer is refused unread: one instant sample is a few hundred bytes."""
+
+QueryFn = Callable[[str, str], float]
+log = structlog.get_logger("tidal")
 
 
 def replica_pod_name(pool: str, replica: int, index: int) -> str:
@@ -43,8 +50,15 @@ def spec_problem(view: ResourceView) -> str | None:
     return None
 
 
-def read_load(view: ResourceView, query_prometheus=None) -> tuple[float | None, str | None]:
-    """(requests per second, error) from the pool's load source."""
+def read_load(
+    view: ResourceView, sources: Mapping[str, str] | None = None, query_prometheus: QueryFn | None = None
+) -> tuple[float | None, str | None]:
+    """(requests per second, error) from the pool's load source.
+
+    `sources`: Prometheus load source name -> base URL, as configured by the cluster admin. The
+    error is written into the pool's status, which its tenant reads: it never carries what the
+    remote answered (the detail goes to the operator's log), so a source cannot be used to read
+    anything back through tidal."""
     load = view.spec.get("load")
     if not load:
         return None, None
@@ -56,17 +70,27 @@ def read_load(view: ResourceView, query_prometheus=None) -> tuple[float | None, 
             return max(float(raw), 0.0), None
         except ValueError:
             return None, f"annotation {LOAD_ANNOTATION}={raw!r} is not a number"
+    prometheus = load.get("prometheus") or {}
+    server = prometheus.get("server")
+    url = (sources or {}).get(server or "")
+    if url is None:
+        configured = ", ".join(sorted(sources or {})) or "none"
+        return None, f"load source {server!r} is not configured in the operator (configured: {configured})"
     query = query_prometheus or prometheus_instant
     try:
-        return query(load["prometheus"]["url"], load["prometheus"]["query"]), None
+        return query(url, prometheus["query"]), None
     except Exception as e:  # a broken signal must not stop the cycle; the schedule floor still holds
-        return None, f"prometheus query failed: {e}"
+        log.warning("load query failed", pool=view.ref, server=server, error=str(e))
+        return None, f"query to Prometheus load source {server!r} failed ({type(e).__name__}); see the operator log"
 
 
 def prometheus_instant(url: str, query: str) -> float:
     full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
     with urllib.request.urlopen(full, timeout=PROMETHEUS_TIMEOUT_SECONDS) as response:
-        body = json.load(response)
+        raw = response.read(PROMETHEUS_MAX_BYTES + 1)
+    if len(raw) > PROMETHEUS_MAX_BYTES:
+        raise ValueError(f"the answer is larger than {PROMETHEUS_MAX_BYTES} bytes")
+    body = json.loads(raw)
     results = body["data"]["result"]
     if not results:
         raise ValueError("the query returned no sample")
@@ -104,6 +128,7 @@ def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[
                 "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(gpp),
             },
+            priority_class_name=spec.get("priorityClassName"),
         )
     return pods
 

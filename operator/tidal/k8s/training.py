@@ -314,7 +314,7 @@ def _replace_groups(
         group_gpus=shape.group_gpus,
         gpus_per_pod=gpp,
         accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-        priority=view.spec.get("priority", 0),
+        priority=cyc.priorities.of(view),
         recovery=True,
         prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
         group_ids=tuple(groups),

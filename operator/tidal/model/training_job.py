@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from tidal.model.common import ApiModel, Condition
+from tidal.model.pod_template import MAX_RESOURCE_NAME, PodTemplate, template_problems, template_rules
 
 DEFAULT_ACCELERATOR = "nvidia.com/gpu"
 ASSIGNMENT_NODES_MAX = 786_432
@@ -67,6 +68,7 @@ class TrainingJobSpec(ApiModel):
                     "message": "spec.dp: must lie within elastic.minDP..elastic.maxDP",
                     "fieldPath": ".dp",
                 },
+                *template_rules(),
             ]
         }
     }
@@ -79,10 +81,26 @@ class TrainingJobSpec(ApiModel):
         ge=1, le=128, description="Accelerators per pod; must divide tp*ep or be a multiple of it."
     )
     accelerator: str = Field(
-        default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name, e.g. nvidia.com/gpu."
+        default=DEFAULT_ACCELERATOR,
+        min_length=1,
+        max_length=MAX_RESOURCE_NAME,
+        description="Extended resource name, e.g. nvidia.com/gpu.",
     )
-    template: dict[str, Any] = Field(description="Pod template (a PodTemplateSpec) for every rank of the job.")
-    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, description="Higher goes first and may preempt.")
+    template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every rank of the job.")
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="PriorityClass whose value orders and may preempt (as for pods; tidal's pods get it too). "
+        "None: the globalDefault PriorityClass's value, or 0. A class that does not exist keeps it Pending.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Deprecated, ignored: any tenant could outrank any other. Use priorityClassName. Honoured "
+        "only when the operator runs with --spec-priority (all tenants trusted).",
+    )
     preemptible: bool = Field(default=False, description="Whether higher-priority work may suspend or shrink it.")
     elastic: ElasticSpec | None = Field(default=None, description="Allowed DP range for shrink/expand.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint contract.")
@@ -111,6 +129,9 @@ class TrainingJobSpec(ApiModel):
                 raise ValueError(f"spec.elastic.minDP: {e.min_dp} is greater than maxDP={e.max_dp}")
             if not e.min_dp <= self.dp <= e.max_dp:
                 raise ValueError(f"spec.dp: {self.dp} is outside elastic.minDP..maxDP={e.min_dp}..{e.max_dp}")
+        problems = template_problems(self.template, self.accelerator)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
