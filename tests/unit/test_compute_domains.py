@@ -395,6 +395,10 @@ class _CustomObjects:
         return self.existing
 
 
+def _owner(uid: str) -> dict:
+    return {"apiVersion": "tidal.dev/v1alpha1", "kind": "TrainingJob", "name": "moe", "uid": uid, "controller": True}
+
+
 @pytest.mark.parametrize("terminating", [False, True])
 def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminating):
     from kubernetes import client
@@ -402,7 +406,7 @@ def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminati
     from tidal.k8s.api import Api, DomainTerminating
 
     api = Api(client.ApiClient(), workers=1)
-    meta = {"name": "moe-nvl72-0000", "namespace": "ml"}
+    meta = {"name": "moe-nvl72-0000", "namespace": "ml", "ownerReferences": [_owner("uid-1")]}
     api.custom = _CustomObjects({"metadata": {**meta, **({"deletionTimestamp": "t"} if terminating else {})}})
     body = {"metadata": meta}
     if terminating:
@@ -410,6 +414,45 @@ def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminati
             api.create_compute_domain(body)
     else:
         assert api.create_compute_domain(body) is False
+
+
+@pytest.mark.parametrize("refs", [[_owner("uid-old")], [], [{**_owner("uid-new"), "controller": False}]])
+def test_the_api_never_adopts_a_domain_of_the_same_name_another_owner_controls(refs):
+    """A job deleted and made again under the same name before the garbage collector ran: the old
+    job's domain (same name, other uid) must not be taken for the new job's, as the garbage
+    collector deletes it under the running job."""
+    from kubernetes import client
+
+    from tidal.k8s.api import Api, DomainTerminating
+
+    api = Api(client.ApiClient(), workers=1)
+    meta = {"name": "moe-nvl72-0000", "namespace": "ml"}
+    api.custom = _CustomObjects({"metadata": {**meta, "ownerReferences": refs}})
+    with pytest.raises(DomainTerminating, match="another owner"):
+        api.create_compute_domain({"metadata": {**meta, "ownerReferences": [_owner("uid-new")]}})
+
+
+def test_a_job_made_again_under_the_same_name_waits_for_the_old_jobs_domain_to_be_collected():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    old = cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert set(domains_of(cluster)) == {"moe-nvl72-0000"}
+    # Deleted and made again before the garbage collector ran: pods gone, the old domain left.
+    del cluster.objects[("TrainingJob", "ml", "moe")]
+    cluster.pods.clear()
+    run(cluster, controller)
+    new = cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    run(cluster, controller)
+    assert not cluster.pods_of("tidal.dev/job", "moe"), "pods would claim a domain the garbage collector deletes"
+    owner = cluster.compute_domains[("ml", "moe-nvl72-0000")]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == old.uid
+    del cluster.compute_domains[("ml", "moe-nvl72-0000")]  # the garbage collector caught up
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["phase"] == "Running"
+    owner = cluster.compute_domains[("ml", "moe-nvl72-0000")]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == new.uid
+    assert_pods_claim_their_racks_domain(cluster, "moe")
 
 
 def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_serves_both():
