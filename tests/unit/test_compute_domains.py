@@ -470,3 +470,67 @@ def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_
     assert "computeDomains" not in cluster.status("TrainingJob", "ml", "low")
     assert_pods_claim_their_racks_domain(cluster, "high")
     assert not cluster.pods_of("tidal.dev/job", "low")
+
+
+class FailingDeletes(FakeCluster):
+    """Deletes of ComputeDomains fail (say, the API server times out) while `failing` > 0."""
+
+    failing = 0
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        if self.failing:
+            self.failing -= 1
+            self._log("delete_compute_domain_failed", name)
+            raise RuntimeError("504 Gateway Timeout")
+        super().delete_compute_domain(namespace, name)
+
+
+def _shrunk_to_one_rack(cluster: FakeCluster, controller: Controller) -> tuple[str, str]:
+    """Run a 2-rack elastic job, then give back DP replica 1: (kept rack, given-back rack)."""
+    run(cluster, controller)
+    rack_of = {g["group"]: g["supernode"] for g in cluster.status("TrainingJob", "ml", "moe")["placement"]}
+    past = "2026-04-30T00:00:00Z"
+    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
+    return rack_of[0], rack_of[1]
+
+
+def test_a_failed_domain_delete_is_retried_next_cycle_and_the_name_stays_recorded_until_it_succeeds():
+    cluster = FailingDeletes("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 2, "preemptible": True, "elastic": {"minDP": 1, "maxDP": 2}})
+    controller = Controller(cluster, FixedClock(NOW))
+    kept, gone = _shrunk_to_one_rack(cluster, controller)
+    cluster.failing = 1
+    run(cluster, controller, cycles=2)  # the eviction completes; the next reconcile prunes, and fails once
+    assert ("delete_compute_domain_failed", f"moe-{gone}") in cluster.calls
+    run(cluster, controller)
+    assert set(domains_of(cluster)) == {f"moe-{kept}"}, "the failed delete was never retried: the domain leaked"
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["computeDomains"] == [f"moe-{kept}"] and not status.get("staleComputeDomains")
+
+
+@pytest.mark.parametrize("how", ["shrink", "suspend"])
+def test_a_restarted_operator_still_deletes_a_domain_whose_delete_failed_before_it_stopped(how):
+    cluster = FailingDeletes("nvl72", 2, clique=True)
+    spec = {**RACK, "dp": 2, "preemptible": True, "elastic": {"minDP": 1, "maxDP": 2}}
+    cluster.add("TrainingJob", "ml", "moe", {**spec, "checkpoint": {"gracePeriodSeconds": 0}})
+    controller = Controller(cluster, FixedClock(NOW))
+    if how == "shrink":
+        kept, _ = _shrunk_to_one_rack(cluster, controller)
+        left = {f"moe-{kept}"}
+    else:
+        run(cluster, controller)
+        view = cluster.get("TrainingJob", "ml", "moe")
+        cluster.objects[("TrainingJob", "ml", "moe")] = dataclasses.replace(view, spec={**view.spec, "suspend": True})
+        left = set()
+    cluster.failing = 10**6  # every delete fails until the operator stops
+    run(cluster, controller)
+    assert len(domains_of(cluster)) == 2
+    assert cluster.status("TrainingJob", "ml", "moe")["staleComputeDomains"], "recorded for whoever runs next"
+    cluster.failing = 0
+    restarted = Controller(cluster, FixedClock(NOW))  # nothing carried over but the cluster's state
+    run(cluster, restarted)
+    assert set(domains_of(cluster)) == left
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert not status.get("staleComputeDomains")
+    assert status["phase"] == ("Running" if how == "shrink" else "Suspended")

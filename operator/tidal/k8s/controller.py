@@ -24,7 +24,7 @@ from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, reconcile_placed
+from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, prune_domains, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.rebalance import DemandTracker
 
@@ -90,6 +90,8 @@ class Controller:
         self.service_conflicts: dict[tuple[str, str], float] = {}
         self.domains = ComputeDomainSupport(self._probe_domains)
         self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+        self.domains_deleted: frozenset[tuple[str, str]] = frozenset()
+        """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -199,11 +201,16 @@ class Controller:
     def _reconcile_job(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any] | None:
         if holds_gpus(status):
             return reconcile_placed(cyc, view, status)
+        out = None
+        if status.get("staleComputeDomains"):  # released domains whose delete is not confirmed yet
+            pruned = prune_domains(cyc, view, status)
+            if pruned != status:
+                status = out = pruned
         if status.get("phase") == "Suspended" and not view.spec.get("suspend"):
             return {**status, "phase": "Pending", "reason": "resumed", "pendingSince": cyc.stamp}
         if status.get("phase", "Pending") in ("Pending", "") and view.spec.get("suspend"):
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
-        return None
+        return out
 
     def _cycle(self) -> CycleReport:
         cache = self.cache
@@ -234,6 +241,7 @@ class Controller:
             service_conflicts=self.service_conflicts,
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
+            domains_deleted_before=self.domains_deleted,
         )
         log.debug(
             "cycle",
@@ -273,6 +281,7 @@ class Controller:
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
         cyc.flush_pods()
+        self.domains_deleted = frozenset(cyc.domains_deleted)
         self._update_supernodes(cyc)
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))

@@ -66,6 +66,12 @@ class Cycle:
     """Whether the ComputeDomain CRD is served (asked only when a job wants a domain)."""
     domain_creates: list[dict[str, Any]] = field(default_factory=list)
     domain_deletes: list[tuple[str, str]] = field(default_factory=list)
+    domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
+    """(namespace, name) of ComputeDomains whose delete the previous cycle's flush saw succeed (or
+    404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted
+    again, so a failed delete (or one lost to an operator restart) is retried, never leaked."""
+    domains_deleted: set[tuple[str, str]] = field(default_factory=set)
+    """Filled by this cycle's flush, for the next cycle's `domains_deleted_before`."""
 
     @property
     def stamp(self) -> str:
@@ -160,7 +166,13 @@ class Cycle:
         if self.pod_deletes:
             self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
         if self.domain_deletes:
-            self.api.parallel(_logged(lambda d: self.api.delete_compute_domain(*d)), self.domain_deletes)
+
+            def delete_domain(d: tuple[str, str]) -> bool:
+                self.api.delete_compute_domain(*d)
+                return True
+
+            done = self.api.parallel(_logged(delete_domain), self.domain_deletes)
+            self.domains_deleted |= {d for d, ok in zip(self.domain_deletes, done, strict=True) if ok}
         refused: set[tuple[str, str]] = set()
         if self.domain_creates:
 

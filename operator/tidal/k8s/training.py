@@ -175,8 +175,11 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
                 conditions, "ComputeDomain", False, "CRDNotInstalled", message, cyc.stamp
             )
         wanted = {}
-    for name in stale_domains(recorded, wanted):
-        cyc.delete_compute_domain(view.namespace, name)
+    # A stale name stays recorded until a delete of it is seen to succeed: a failed delete is
+    # retried next cycle, and an operator restarted in between finds it in the status.
+    # A name wanted again leaves the list (being made again, it waits for the old one to go).
+    stale = set(status.pop("staleComputeDomains", None) or []) | set(stale_domains(recorded, wanted))
+    status.update(prune_domains(cyc, view, {"staleComputeDomains": sorted(stale - {d.name for d in wanted.values()})}))
     names = [d.name for d in wanted.values()]
     if names:
         status["computeDomains"] = names
@@ -192,6 +195,22 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
         status.pop("computeDomains", None)
     _hold_whole(cyc, exclusive_nodes(wanted, status["placement"]))
     return wanted
+
+
+def prune_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any]:
+    """Delete the job's status.staleComputeDomains; a name leaves the list only once the previous
+    cycle's flush saw its delete succeed (or answer 404), so nothing is leaked by a failed delete
+    or a restart. Needs no watch or list of ComputeDomains (the operator's RBAC has neither)."""
+    left = []
+    for name in status.get("staleComputeDomains") or []:
+        if (view.namespace, name) in cyc.domains_deleted_before:
+            continue
+        left.append(name)
+        cyc.delete_compute_domain(view.namespace, name)
+    out = {k: v for k, v in status.items() if k != "staleComputeDomains"}
+    if left:
+        out["staleComputeDomains"] = left
+    return out
 
 
 def _hold_whole(cyc: Cycle, nodes: set[str]) -> None:
@@ -352,7 +371,8 @@ def _release(
         for node in group["nodes"]:
             cyc.snapshot.release(node, shape.gpus_per_pod)
     if not replicas:  # the whole job goes: so do its domains (a shrink's are pruned by the next reconcile)
-        for name in status.get("computeDomains") or []:
+        # Deleted here and kept in status.staleComputeDomains by _cleared until confirmed.
+        for name in _all_domains(status):
             cyc.delete_compute_domain(view.namespace, name)
     for pod in pods.values():
         if replicas and (pod.group is None or shape.replica_of_group(pod.group) not in replicas):
@@ -360,12 +380,32 @@ def _release(
         cyc.delete_pod(pod, grace)
 
 
+def _all_domains(status: dict[str, Any]) -> list[str]:
+    return sorted(set(status.get("computeDomains") or []) | set(status.get("staleComputeDomains") or []))
+
+
 def _cleared(status: dict[str, Any]) -> dict[str, Any]:
-    return {
+    """The status of a job that holds nothing any more; its domains (deleted by _release) stay
+    listed as stale until the deletes are confirmed."""
+    out = {
         k: v
         for k, v in status.items()
-        if k not in ("placement", "supernodes", "currentDP", "admittedAt", "eviction", "worldSize", "computeDomains")
+        if k
+        not in (
+            "placement",
+            "supernodes",
+            "currentDP",
+            "admittedAt",
+            "eviction",
+            "worldSize",
+            "computeDomains",
+            "staleComputeDomains",
+        )
     }
+    stale = _all_domains(status)
+    if stale:
+        out["staleComputeDomains"] = stale
+    return out
 
 
 # -- checkpoint-first eviction ------------------------------------------------------------------
