@@ -534,3 +534,38 @@ def test_a_restarted_operator_still_deletes_a_domain_whose_delete_failed_before_
     status = cluster.status("TrainingJob", "ml", "moe")
     assert not status.get("staleComputeDomains")
     assert status["phase"] == ("Running" if how == "shrink" else "Suspended")
+
+
+def test_pods_made_before_a_domain_was_wanted_get_no_domain_claim_or_whole_node_booking_until_remade():
+    """The clique label appears (or the operator is upgraded) under a running job: its pods have no
+    claim and cannot get one (pod specs are immutable), so no domain is made, recorded or booked
+    for them and the condition says why; a restart makes the pods again, with the claim."""
+    cluster = FakeCluster("nvl72", 1)
+    spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "first")["phase"] == "Running"
+    for name, node in list(cluster.nodes.items()):
+        cluster.nodes[name] = dataclasses.replace(node, labels={**node.labels, "nvidia.com/gpu.clique": "c-0"})
+    controller = Controller(cluster, FixedClock(NOW))  # an upgraded (restarted) operator sees the labels
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "first")
+    assert not domains_of(cluster) and "computeDomains" not in status
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert (cond["status"], cond["reason"]) == ("False", "PodsPredateDomain")
+    cluster.add("TrainingJob", "ml", "second", spec)
+    run(cluster, controller)
+    first = status["placement"][0]["nodes"]
+    second = cluster.status("TrainingJob", "ml", "second")["placement"][0]["nodes"]
+    assert set(first) == set(second), "the unclaimed pods' node was booked whole for a domain that does not exist"
+    assert set(domains_of(cluster)) == {"second-nvl72-0000"}, "the new job's pods are made with their claim"
+
+    del cluster.pods[("ml", "first-0")]  # the pod goes: the group restarts with new pods
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "first")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert "first-nvl72-0000" in domains_of(cluster)
+    assert_pods_claim_their_racks_domain(cluster, "first")
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert (cond["status"], cond["reason"]) == ("True", "Created")

@@ -92,7 +92,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
 
     ppg = shape.pods_per_group
-    domains = _sync_domains(cyc, view, status)
+    domains = _sync_domains(cyc, view, status, pods, ppg)
     expected = {
         pod_name(view.name, g * ppg + i): node
         for g, entry in placement.items()
@@ -146,9 +146,18 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     return status
 
 
-def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, DomainPlan]:
-    """The job's ComputeDomains, one per supernode it uses that wants one (status updated in place):
-    domains no placed group needs any more are deleted, their nodes held whole in this cycle.
+def _sync_domains(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView], ppg: int
+) -> dict[str, DomainPlan]:
+    """The job's ComputeDomains in use, one per supernode it uses that wants one (status updated
+    in place): domains no placed group needs any more are deleted, their nodes held whole in this
+    cycle.
+
+    A domain is in use only when some pod of its groups claims it or is about to be made (and
+    the domain with it): pods made before the domain was wanted (an upgrade, a clique label or
+    the CRD appearing later) keep running unclaimed, as a pod spec is immutable, so no domain is
+    made, reported or booked for them (condition reason PodsPredateDomain) until they are made
+    again, say at a restart.
 
     Pods are ungated without waiting for a domain's status to say Ready: the driver makes a domain
     Ready only once IMEX daemons run on the nodes of its pods, which needs the pods scheduled first
@@ -175,14 +184,29 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
                 conditions, "ComputeDomain", False, "CRDNotInstalled", message, cyc.stamp
             )
         wanted = {}
+    placement = {g["group"]: g for g in status["placement"]}
+    live = {sn: d for sn, d in wanted.items() if _domain_in_use(view.name, d, placement, pods, ppg)}
+    predate = sorted(d.name for sn, d in wanted.items() if sn not in live)
     # A stale name stays recorded until a delete of it is seen to succeed: a failed delete is
     # retried next cycle, and an operator restarted in between finds it in the status.
-    # A name wanted again leaves the list (being made again, it waits for the old one to go).
-    stale = set(status.pop("staleComputeDomains", None) or []) | set(stale_domains(recorded, wanted))
-    status.update(prune_domains(cyc, view, {"staleComputeDomains": sorted(stale - {d.name for d in wanted.values()})}))
-    names = [d.name for d in wanted.values()]
-    if names:
-        status["computeDomains"] = names
+    # A name in use again leaves the list (being made again, it waits for the old one to go);
+    # one recorded but claimed by no pod (recorded by an earlier version) is deleted as unused.
+    stale = set(status.pop("staleComputeDomains", None) or []) | set(stale_domains(recorded, live))
+    status.update(prune_domains(cyc, view, {"staleComputeDomains": sorted(stale - {d.name for d in live.values()})}))
+    names = [d.name for d in live.values()]
+    if predate:
+        made = f"; made: {', '.join(names)}" if names else ""
+        status["conditions"] = set_condition(
+            status.get("conditions", []),
+            "ComputeDomain",
+            False,
+            "PodsPredateDomain",
+            f"the pods on the supernode(s) of {', '.join(predate)} were made without an IMEX channel claim "
+            f"(before a ComputeDomain was wanted there): they get one when they are made again, at their next "
+            f"restart{made}",
+            cyc.stamp,
+        )
+    elif names:
         status["conditions"] = set_condition(
             status.get("conditions", []),
             "ComputeDomain",
@@ -191,10 +215,25 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
             f"{len(names)} ComputeDomain(s), one per NVLink supernode: {', '.join(names)}",
             cyc.stamp,
         )
+    if names:
+        status["computeDomains"] = names
     else:
         status.pop("computeDomains", None)
-    _hold_whole(cyc, exclusive_nodes(wanted, status["placement"]))
-    return wanted
+    _hold_whole(cyc, exclusive_nodes(live, status["placement"]))
+    return live
+
+
+def _domain_in_use(
+    job: str, domain: DomainPlan, placement: dict[int, dict[str, Any]], pods: dict[str, PodView], ppg: int
+) -> bool:
+    """Some pod of the domain's groups claims its channel, or is missing (made this cycle, with the
+    claim, right after the domain)."""
+    for g in domain.groups:
+        for i in range(len(placement[g]["nodes"])):
+            pod = pods.get(pod_name(job, g * ppg + i))
+            if pod is None or pod.domain_claim == domain.template:
+                return True
+    return False
 
 
 def prune_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any]:
