@@ -569,3 +569,73 @@ def test_pods_made_before_a_domain_was_wanted_get_no_domain_claim_or_whole_node_
     assert_pods_claim_their_racks_domain(cluster, "first")
     cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
     assert (cond["status"], cond["reason"]) == ("True", "Created")
+
+
+# -- InferencePool replicas ----------------------------------------------------------------------
+
+SERVE = {"minReplicas": 0, "maxReplicas": 4, "gpusPerPod": 4, "template": TEMPLATE}
+
+
+def _pool_pods(cluster: FakeCluster, pool: str, replica: int) -> list[dict]:
+    return [
+        p
+        for p in cluster.pods_of("tidal.dev/pool", pool)
+        if p["metadata"]["labels"]["tidal.dev/replica"] == str(replica)
+    ]
+
+
+def test_a_pool_replica_spanning_two_trays_gets_its_own_domain_owned_by_the_pool_and_one_on_a_tray_none():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    pool = cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 8, "replicas": 2})
+    cluster.add("InferencePool", "ml", "small", {**SERVE, "tp": 4, "replicas": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("InferencePool", "ml", "chat")["readyReplicas"] == 2
+    domains = domains_of(cluster)
+    assert set(domains) == {"chat-replica-0", "chat-replica-1"}, "one per multi-tray replica, none for one tray"
+    for r in (0, 1):
+        body = domains[f"chat-replica-{r}"]
+        owner = body["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "InferencePool",
+            "chat",
+            pool.uid,
+            True,
+        )
+        assert body["metadata"]["labels"]["tidal.dev/pool"] == "chat"
+        pods = _pool_pods(cluster, "chat", r)
+        assert len(pods) == 2 and all(claim_of(p) == f"chat-replica-{r}-channel" for p in pods)
+        assert all({"name": CLAIM_NAME} in p["spec"]["containers"][0]["resources"]["claims"] for p in pods)
+    assert not any(claim_of(p) for p in cluster.pods_of("tidal.dev/pool", "small"))
+    assert cluster.status("InferencePool", "ml", "chat")["computeDomains"] == ["chat-replica-0", "chat-replica-1"]
+    verbs = [(v, d) for v, d in cluster.calls if v in ("create_compute_domain", "create_pod")]
+    assert verbs.index(("create_compute_domain", "chat-replica-0")) < verbs.index(("create_pod", "chat-0-0"))
+
+
+def test_a_removed_pool_replicas_domain_is_deleted_and_a_failed_delete_retried():
+    cluster = FailingDeletes("nvl72", 1, clique=True)
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 8, "replicas": 2})
+    controller = Controller(cluster, FixedClock(NOW))
+    controller.demand.window = dt.timedelta(0)  # scale down at once (no stabilization window)
+    run(cluster, controller)
+    assert len(domains_of(cluster)) == 2
+    view = cluster.get("InferencePool", "ml", "chat")
+    cluster.objects[("InferencePool", "ml", "chat")] = dataclasses.replace(view, spec={**view.spec, "replicas": 1})
+    cluster.failing = 1
+    run(cluster, controller, cycles=1)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert status["placedReplicas"] == 1 and len(domains_of(cluster)) == 2
+    assert status["staleComputeDomains"], "kept until the delete succeeds"
+    run(cluster, controller)
+    (kept,) = [r["group"] for r in cluster.status("InferencePool", "ml", "chat")["placement"]]
+    assert set(domains_of(cluster)) == {f"chat-replica-{kept}"}
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert status["computeDomains"] == [f"chat-replica-{kept}"] and not status.get("staleComputeDomains")
+
+
+def test_no_pool_domain_without_a_clique_label():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 8, "replicas": 1})
+    run(cluster, Controller(cluster, FixedClock(NOW)))
+    assert cluster.status("InferencePool", "ml", "chat")["readyReplicas"] == 1
+    assert not cluster.compute_domains and not any(claim_of(p) for p in cluster.pods_of("tidal.dev/pool", "chat"))

@@ -19,7 +19,7 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.pools import pool_allocations
+from tidal.k8s.pools import pool_allocations, pool_domain_held_nodes
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
@@ -312,7 +312,12 @@ class Controller:
                 self.victims_added[int(view.spec.get("priority", 0))] += 1
         for view, status in pools.values():
             source = None if view.deleting else status
-            keeper.set_allocations(view.uid, source, pool_allocations(view, status) if source is not None else ())
+            keeper.set_allocations(
+                view.uid,
+                source,
+                pool_allocations(view, status) if source is not None else (),
+                lambda view=view, status=status: pool_domain_held_nodes(view, status),
+            )
         keeper.forget(set(statuses) | set(pools))
 
     def _settled_job(self, view: ResourceView, status: dict[str, Any], dirty_owners: set, moved: set[str]) -> bool:

@@ -14,7 +14,7 @@ import structlog
 from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
-from tidal.k8s.labels import GANG_GATE, JOB
+from tidal.k8s.labels import GANG_GATE, JOB, POOL
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -183,11 +183,7 @@ class Cycle:
             made = self.api.parallel(_logged(create_domain), self.domain_creates)
             # A job whose domain was refused gets no pods now: made without their claim's domain
             # they would wait on a template nobody makes; the next cycle tries both again.
-            refused = {
-                (_meta(body)["namespace"], _meta(body)["labels"][JOB])
-                for body, ok in zip(self.domain_creates, made, strict=True)
-                if not ok
-            }
+            refused = {_owner_key(body) for body, ok in zip(self.domain_creates, made, strict=True) if not ok}
         if self.services:
 
             def create_service(body: dict[str, Any]) -> bool:
@@ -195,11 +191,9 @@ class Cycle:
                 return True
 
             made = self.api.parallel(_logged(create_service), self.services)
-            refused |= {_meta_key(body) for body, ok in zip(self.services, made, strict=True) if not ok}
+            refused |= {(*_meta_key(body), JOB) for body, ok in zip(self.services, made, strict=True) if not ok}
         if refused:
-            self.pod_creates = [
-                p for p in self.pod_creates if (_meta(p)["namespace"], _meta(p)["labels"].get(JOB)) not in refused
-            ]
+            self.pod_creates = [p for p in self.pod_creates if _owner_key(p) not in refused]
         if self.pod_creates:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
@@ -236,6 +230,13 @@ class Cycle:
 
 def _meta(body: dict[str, Any]) -> dict[str, Any]:
     return body["metadata"]
+
+
+def _owner_key(body: dict[str, Any]) -> tuple[str, str, str]:
+    """(namespace, owner name, owner label) of a domain or pod: a TrainingJob's or an InferencePool's."""
+    meta_labels = _meta(body).get("labels") or {}
+    label = POOL if POOL in meta_labels else JOB
+    return _meta(body)["namespace"], meta_labels.get(label, ""), label
 
 
 def _meta_key(body: dict[str, Any]) -> tuple[str, str]:

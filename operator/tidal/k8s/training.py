@@ -219,7 +219,7 @@ def _sync_domains(
         status["computeDomains"] = names
     else:
         status.pop("computeDomains", None)
-    _hold_whole(cyc, exclusive_nodes(live, status["placement"]))
+    hold_whole(cyc, exclusive_nodes(live, status["placement"]))
     return live
 
 
@@ -252,7 +252,7 @@ def prune_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
     return out
 
 
-def _hold_whole(cyc: Cycle, nodes: set[str]) -> None:
+def hold_whole(cyc: Cycle, nodes: set[str]) -> None:
     """Book a node held by a ComputeDomain whole in this cycle's snapshot, as the next cycle's
     booking does (the driver lets a node serve one domain at a time): no other gang placed later
     in this cycle may share it. A no-op when pods take whole nodes (4 GPUs per pod on GB200)."""
