@@ -207,6 +207,8 @@ class FakeCluster:
         if key in self.compute_domains:
             if self.compute_domains[key]["metadata"].get("deletionTimestamp"):
                 raise RuntimeError(f"ComputeDomain {key} is still being deleted")
+            if not controlled_by_owner(self.compute_domains[key], body):  # as Api.create_compute_domain
+                raise RuntimeError(f"ComputeDomain {key} is controlled by another owner")
             return False
         self.compute_domains[key] = body
         return True

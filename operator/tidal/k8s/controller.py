@@ -19,14 +19,14 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.pools import pool_allocations
+from tidal.k8s.pools import pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, reconcile_placed
+from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, prune_domains, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.rebalance import DemandTracker
 
@@ -95,6 +95,8 @@ class Controller:
         self.service_conflicts: dict[tuple[str, str], float] = {}
         self.domains = ComputeDomainSupport(self._probe_domains)
         self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+        self.domains_deleted: frozenset[tuple[str, str]] = frozenset()
+        """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -204,11 +206,16 @@ class Controller:
     def _reconcile_job(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any] | None:
         if holds_gpus(status):
             return reconcile_placed(cyc, view, status)
+        out = None
+        if status.get("staleComputeDomains"):  # released domains whose delete is not confirmed yet
+            pruned = prune_domains(cyc, view, status)
+            if pruned != status:
+                status = out = pruned
         if status.get("phase") == "Suspended" and not view.spec.get("suspend"):
             return {**status, "phase": "Pending", "reason": "resumed", "pendingSince": cyc.stamp}
         if status.get("phase", "Pending") in ("Pending", "") and view.spec.get("suspend"):
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
-        return None
+        return out
 
     def _cycle(self) -> CycleReport:
         cache = self.cache
@@ -240,6 +247,7 @@ class Controller:
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
             priorities=self.priorities(),
+            domains_deleted_before=self.domains_deleted,
         )
         log.debug(
             "cycle",
@@ -280,6 +288,7 @@ class Controller:
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
         cyc.flush_pods()
+        self.domains_deleted = frozenset(cyc.domains_deleted)
         self._update_supernodes(cyc)
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
@@ -332,7 +341,12 @@ class Controller:
                 self.victims_added[priorities.of(view)] += 1
         for view, status in pools.values():
             source = None if view.deleting else status
-            keeper.set_allocations(view.uid, source, pool_allocations(view, status) if source is not None else ())
+            keeper.set_allocations(
+                view.uid,
+                source,
+                pool_allocations(view, status) if source is not None else (),
+                lambda view=view, status=status: pool_domain_held_nodes(view, status),
+            )
         keeper.forget(set(statuses) | set(pools))
 
     def _settled_job(self, view: ResourceView, status: dict[str, Any], dirty_owners: set, moved: set[str]) -> bool:

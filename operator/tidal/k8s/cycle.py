@@ -14,7 +14,7 @@ import structlog
 from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
-from tidal.k8s.labels import GANG_GATE, JOB
+from tidal.k8s.labels import GANG_GATE, JOB, POOL
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
@@ -72,6 +72,12 @@ class Cycle:
     """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
     quotas: Quotas = field(default_factory=Quotas)
     """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
+    domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
+    """(namespace, name) of ComputeDomains whose delete the previous cycle's flush saw succeed (or
+    404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted
+    again, so a failed delete (or one lost to an operator restart) is retried, never leaked."""
+    domains_deleted: set[tuple[str, str]] = field(default_factory=set)
+    """Filled by this cycle's flush, for the next cycle's `domains_deleted_before`."""
 
     @property
     def stamp(self) -> str:
@@ -166,7 +172,13 @@ class Cycle:
         if self.pod_deletes:
             self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
         if self.domain_deletes:
-            self.api.parallel(_logged(lambda d: self.api.delete_compute_domain(*d)), self.domain_deletes)
+
+            def delete_domain(d: tuple[str, str]) -> bool:
+                self.api.delete_compute_domain(*d)
+                return True
+
+            done = self.api.parallel(_logged(delete_domain), self.domain_deletes)
+            self.domains_deleted |= {d for d, ok in zip(self.domain_deletes, done, strict=True) if ok}
         refused: set[tuple[str, str]] = set()
         if self.domain_creates:
 
@@ -177,11 +189,7 @@ class Cycle:
             made = self.api.parallel(_logged(create_domain), self.domain_creates)
             # A job whose domain was refused gets no pods now: made without their claim's domain
             # they would wait on a template nobody makes; the next cycle tries both again.
-            refused = {
-                (_meta(body)["namespace"], _meta(body)["labels"][JOB])
-                for body, ok in zip(self.domain_creates, made, strict=True)
-                if not ok
-            }
+            refused = {_owner_key(body) for body, ok in zip(self.domain_creates, made, strict=True) if not ok}
         if self.services:
 
             def create_service(body: dict[str, Any]) -> bool:
@@ -189,11 +197,9 @@ class Cycle:
                 return True
 
             made = self.api.parallel(_logged(create_service), self.services)
-            refused |= {_meta_key(body) for body, ok in zip(self.services, made, strict=True) if not ok}
+            refused |= {(*_meta_key(body), JOB) for body, ok in zip(self.services, made, strict=True) if not ok}
         if refused:
-            self.pod_creates = [
-                p for p in self.pod_creates if (_meta(p)["namespace"], _meta(p)["labels"].get(JOB)) not in refused
-            ]
+            self.pod_creates = [p for p in self.pod_creates if _owner_key(p) not in refused]
         if self.pod_creates:
             self.api.parallel(_logged(self.api.create_pod), self.pod_creates)
         if self.ungates:
@@ -230,6 +236,13 @@ class Cycle:
 
 def _meta(body: dict[str, Any]) -> dict[str, Any]:
     return body["metadata"]
+
+
+def _owner_key(body: dict[str, Any]) -> tuple[str, str, str]:
+    """(namespace, owner name, owner label) of a domain or pod: a TrainingJob's or an InferencePool's."""
+    meta_labels = _meta(body).get("labels") or {}
+    label = POOL if POOL in meta_labels else JOB
+    return _meta(body)["namespace"], meta_labels.get(label, ""), label
 
 
 def _meta_key(body: dict[str, Any]) -> tuple[str, str]:

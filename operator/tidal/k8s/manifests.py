@@ -191,8 +191,11 @@ def training_pods(
     return pods
 
 
-def compute_domain(namespace: str, owner_uid: str, job: str, domain: DomainPlan) -> dict[str, Any]:
-    """The NVIDIA ComputeDomain of one job on one supernode, owned by the job (deleted with it).
+def compute_domain(
+    namespace: str, owner_uid: str, job: str, domain: DomainPlan, kind: str = "TrainingJob"
+) -> dict[str, Any]:
+    """The NVIDIA ComputeDomain of one job on one supernode (or of one InferencePool replica,
+    `kind`), owned by the job or pool (deleted with it).
 
     numNodes stays 0, as the driver recommends with its default IMEXDaemonsWithDNSNames: each
     pod is released once the IMEX daemon of its own node runs, so nothing waits for a count."""
@@ -202,10 +205,10 @@ def compute_domain(namespace: str, owner_uid: str, job: str, domain: DomainPlan)
         "metadata": {
             "name": domain.name,
             "namespace": namespace,
-            "labels": {labels.JOB: job, labels.MANAGED_BY: "tidal"},
+            "labels": {labels.POOL if kind == "InferencePool" else labels.JOB: job, labels.MANAGED_BY: "tidal"},
             # An annotation, not a label: a supernode's name may be longer than a label value.
             "annotations": {labels.SUPERNODE: domain.supernode},
-            "ownerReferences": [owner_reference("TrainingJob", job, owner_uid)],
+            "ownerReferences": [owner_reference(kind, job, owner_uid)],
         },
         "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": domain.template}}},
     }

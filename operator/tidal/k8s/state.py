@@ -11,6 +11,7 @@ from typing import Any
 
 from tidal import API_GROUP
 from tidal.k8s import labels
+from tidal.placement.compute_domains import CLAIM_NAME
 
 
 def _quantity(value: Any) -> int:
@@ -48,6 +49,9 @@ class PodView:
     group: int | None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    domain_claim: str | None = None
+    """The ResourceClaimTemplate of its ComputeDomain channel claim, if it has one: a pod made
+    before its job's domain was wanted has none (pod specs are immutable) until it is made again."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -162,6 +166,14 @@ def pod_view(body: dict[str, Any]) -> PodView:
         group=int(group) if group is not None and group.isdigit() else None,
         labels=pod_labels,
         annotations=dict(meta.get("annotations") or {}),
+        domain_claim=next(
+            (
+                c.get("resourceClaimTemplateName")
+                for c in spec.get("resourceClaims") or []
+                if c.get("name") == CLAIM_NAME
+            ),
+            None,
+        ),
     )
 
 

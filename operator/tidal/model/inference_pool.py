@@ -217,6 +217,14 @@ class InferencePoolStatus(ApiModel):
     placement: list[GroupPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
     load: LoadStatus | None = Field(default=None, description="Load signal.")
     scaled_at: str | None = Field(default=None, description="When replicas were last added or removed.")
+    compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains (resource.nvidia.com) of replicas spanning several nodes of an NVLink supernode.",
+    )
+    stale_compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains of removed replicas whose delete is not yet confirmed (retried every cycle).",
+    )
     floor: int | None = Field(default=None, description="Replica floor from the schedule now.")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

@@ -245,5 +245,9 @@ class TrainingJobStatus(ApiModel):
         default_factory=list,
         description="ComputeDomains (resource.nvidia.com) tidal made for the job, one per supernode it uses.",
     )
+    stale_compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains the job no longer needs whose delete is not yet confirmed (retried every cycle).",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Admitted, Running, Preempted...")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")
