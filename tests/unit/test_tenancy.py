@@ -48,6 +48,25 @@ def test_spec_priority_is_ignored_unless_the_operator_allows_it():
         assert evicted is allowed, f"spec_priority={allowed}"
 
 
+def test_a_system_priority_class_is_refused_and_preempts_nothing():
+    """system-cluster-critical exists in every cluster and no quota limits it by default: a tenant
+    naming it would outrank every workload. tidal refuses the system range, naming the field."""
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("system-cluster-critical", 2_000_000_000)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "victim", rack_job(preemptible=True))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "b", "bully", rack_job(priorityClassName="system-cluster-critical"))
+    run(cluster, controller)
+    assert not cluster.status("TrainingJob", "a", "victim").get("eviction")
+    status = cluster.status("TrainingJob", "b", "bully")
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (status["phase"], cond["reason"]) == ("Pending", "UnknownPriorityClass")
+    assert cond["message"].startswith(
+        "spec.priorityClassName: PriorityClass 'system-cluster-critical' is in the system range"
+    )
+
+
 def test_priority_class_value_preempts_and_the_global_default_applies_without_a_class():
     cluster = FakeCluster("nvl72", 1)
     cluster.add_priority_class("batch", 10, global_default=True)

@@ -19,6 +19,9 @@ from tidal.k8s.state import ResourceView
 
 UNKNOWN_PRIORITY_CLASS = "UnknownPriorityClass"
 """Schedulable=False reason of a workload naming a PriorityClass that does not exist."""
+HIGHEST_USER_PRIORITY = 1_000_000_000
+"""PriorityClass values above this are Kubernetes' system range (system-cluster-critical,
+system-node-critical exist in every cluster and no quota limits them by default)."""
 SPEC_PRIORITY_DEFAULTS = {"TrainingJob": 0, "InferencePool": 1000}
 """What `spec.priority` defaulted to per kind (used only with --spec-priority)."""
 
@@ -67,4 +70,10 @@ class Priorities:
         name = view.spec.get("priorityClassName")
         if name and name not in self.classes:
             return f"spec.priorityClassName: PriorityClass {name!r} not found"
+        if name and self.classes[name].value > HIGHEST_USER_PRIORITY:
+            # Any tenant could name it and outrank (preempt) every workload in the cluster.
+            return (
+                f"spec.priorityClassName: PriorityClass {name!r} is in the system range "
+                f"(value > {HIGHEST_USER_PRIORITY:,}), reserved for cluster components"
+            )
         return None
