@@ -7,7 +7,11 @@ fault instead of (or around) the real answer:
 
 - latency: the request is held 0.2-1.5 s, then forwarded;
 - hang: no answer at all for `hang_seconds`, then the connection is dropped (a stuck apiserver);
-- 409 Conflict (writes only): a Kubernetes Status saying the write conflicted; nothing is written;
+- 409 where a real API server can answer it: Conflict for a write that carries a precondition (an
+  update, a JSON patch with a test op, a patch or delete naming a resourceVersion), nothing written;
+  AlreadyExists for a create after it was committed (what a client retrying a create sees). A merge
+  patch without resourceVersion never conflicts on a real server (it retries internally), so it
+  gets no 409 here either: kopf's peering keepalive, for one, dies on a 409 it can never really get;
 - 429 Too Many Requests with Retry-After: 1 (API priority and fairness throttling);
 - 500 before the write, and for writes also 500 *after* it was committed: the client must not
   trust its own view of whether a write happened.
@@ -42,7 +46,6 @@ WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "content-length"}
 )
-FAULT_KINDS = ("latency", "hang", "conflict_409", "throttle_429", "error_500")
 
 
 @dataclass
@@ -172,7 +175,7 @@ class FaultProxy:
         )
         return path
 
-    def decide(self, method: str, watch: bool) -> tuple[str | None, float]:
+    def decide(self, method: str, watch: bool, preconditioned: bool = False) -> tuple[str | None, float]:
         """(fault kind or None, a random number for its parameters), from the seeded RNG."""
         with self._lock:
             self.requests += 1
@@ -186,7 +189,11 @@ class FaultProxy:
                 return None, param
             kinds = ["latency", "hang", "throttle_429", "error_500"]
             if method in WRITES:
-                kinds += ["conflict_409", "error_500_after_commit"]
+                kinds.append("error_500_after_commit")
+            if preconditioned:
+                kinds.append("conflict_409")
+            elif method == "POST":
+                kinds.append("exists_409_after_commit")
             return kinds[int(pick * len(kinds))], param
 
     def count(self, kind: str) -> None:
@@ -225,7 +232,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         watch = is_watch(self.path)
-        fault, param = proxy.decide(self.command, watch)
+        content_type = self.headers.get("Content-Type", "")
+        preconditioned = self.command == "PUT" or (
+            self.command in ("PATCH", "DELETE")
+            and ("json-patch" in content_type or b'"resourceVersion"' in (body or b""))
+        )
+        fault, param = proxy.decide(self.command, watch, preconditioned)
         if fault == "latency":
             proxy.count(fault)
             proxy.wait(0.2 + 1.3 * param)
@@ -281,6 +293,11 @@ class ProxyHandler(BaseHTTPRequestHandler):
             resp.read()
             proxy.count(fault)
             self._send_status(500, "InternalError", "injected after commit: etcdserver: leader changed")
+            return
+        if fault == "exists_409_after_commit":
+            resp.read()
+            proxy.count(fault)
+            self._send_status(409, "AlreadyExists", "injected after commit: the object already exists")
             return
         streamed = resp.getheader("Content-Length") is None and self.command != "HEAD"
         self.send_response(resp.status, resp.reason)
