@@ -123,3 +123,34 @@ def test_a_group_whose_planned_node_a_foreign_pod_took_is_placed_again():
     assert taken not in status["placement"][0]["nodes"], "re-planned away from the node the foreign pod took"
     assert status["phase"] == "Running" and status.get("restarts", 0) == 0, "nothing failed: not a restart"
     assert any(v == "event" and d[1] == "Replaced" and taken in d[2] for v, d in cluster.calls)
+
+
+class FailingDeletes(FakeCluster):
+    """The API server fails the first delete of each pod (a 500, a 429, a dropped connection)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.failed: set[str] = set()
+
+    def delete_pod(self, namespace, name, grace_seconds=None):
+        if name not in self.failed:
+            self.failed.add(name)
+            self._log("delete_pod_failed", name)
+            raise RuntimeError("(500) Internal Server Error")
+        super().delete_pod(namespace, name, grace_seconds)
+
+
+def test_a_pod_delete_the_api_failed_is_tried_again():
+    # Found by bench.faults: a failed delete still marked the pod deleted, so a group re-placed
+    # under the same pod names waited forever on the old pod, pinned to the old node.
+    cluster = FailingDeletes("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    lost = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=5)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert ("delete_pod_failed", "job-0") in cluster.calls and ("delete_pod", "job-0") in cluster.calls
+    assert lost not in {p["spec"]["nodeName"] for p in cluster.pods_of("tidal.dev/job", "job")}
+    assert status["phase"] == "Running" and status["restarts"] == 1
