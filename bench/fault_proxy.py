@@ -30,6 +30,7 @@ import json
 import random
 import socket
 import ssl
+import sys
 import tempfile
 import threading
 import urllib.parse
@@ -134,7 +135,7 @@ class FaultProxy:
         class Handler(ProxyHandler):
             owner = proxy
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = QuietServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -202,6 +203,13 @@ class FaultProxy:
 
     def wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A SIGKILLed operator resets its connections: expected here, not worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class ProxyHandler(BaseHTTPRequestHandler):

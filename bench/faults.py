@@ -450,7 +450,12 @@ class FaultRun:
 
     def fail_nodes(self) -> None:
         """Delete a share of the nodes, half of them chosen among nodes running tidal pods."""
-        snap = Snapshot.take(self.kube)
+        deadline = time.monotonic() + 90
+        while True:  # recovery is only exercised if something runs: give admission a bounded while
+            snap = Snapshot.take(self.kube)
+            if any(j.get("status", {}).get("phase") == "Running" for j in snap.jobs) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         names = sorted(n["metadata"]["name"] for n in snap.nodes)
         count = max(1, round(len(names) * self.config.node_failure_share))
         busy = sorted(
@@ -522,7 +527,9 @@ class FaultRun:
     def run(self) -> dict[str, Any]:
         cfg = self.config
         for ns in (self.namespace, self.foreign_ns):
-            self.kube.run("create", "namespace", ns, check=False)
+            # A previous run's namespace may still be terminating (deleting 100+ pods is slow here).
+            self.kube.run("wait", "--for=delete", f"namespace/{ns}", "--timeout=300s", check=False)
+            self.kube.run("create", "namespace", ns)
         self.proxy.start()
         kubeconfig = self.proxy.operator_kubeconfig(self.workdir / "proxy.kubeconfig")
         self.operator = OperatorProcess(
@@ -618,7 +625,7 @@ class FaultRun:
             for ns in (self.namespace, self.foreign_ns):
                 self.kube.delete("namespace", ns)
             for ns in (self.namespace, self.foreign_ns):
-                self.kube.run("wait", "--for=delete", f"namespace/{ns}", "--timeout=120s", check=False)
+                self.kube.run("wait", "--for=delete", f"namespace/{ns}", "--timeout=300s", check=False)
 
 
 def run_faults(
