@@ -155,7 +155,8 @@ class FaultProxy:
 
     def stop(self) -> None:
         self._stopping.set()
-        self.server.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever, which never ran otherwise
+            self.server.shutdown()
         self.server.server_close()
         for f in self.upstream.files:
             f.unlink(missing_ok=True)

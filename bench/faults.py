@@ -580,9 +580,9 @@ class FaultRun:
             final, settle_s = self.settle()
             timings["settle_seconds"] = settle_s
         finally:
-            if self.operator is not None:
-                self.operator.stop()
-            self.proxy.stop()
+            # The operator stays up, faults off, through cleanup: it removes its finalizers from the
+            # jobs of the namespaces deleted there (cleanup() stops it and the proxy).
+            self.proxy.enabled = False
         stuck, orphans = final.stuck_jobs(), final.orphans()
         # At the end tidal's plan must fit too: pinned tidal pods count as booked.
         self.record_overbooked(final.overbooked(with_pinned=True), "at the end (bound and pinned)")
@@ -618,14 +618,20 @@ class FaultRun:
         return result
 
     def cleanup(self) -> None:
-        """Leave the cluster as found: failed nodes back, the run's namespaces gone."""
+        """Leave the cluster as found: failed nodes back, the run's namespaces gone, no operator."""
+        self.proxy.enabled = False
         try:
+            if self.operator is not None:
+                self.ensure_operator()  # it must be up to drop tidal's finalizers from the jobs
             self.restore_nodes()
         finally:
             for ns in (self.namespace, self.foreign_ns):
                 self.kube.delete("namespace", ns)
             for ns in (self.namespace, self.foreign_ns):
                 self.kube.run("wait", "--for=delete", f"namespace/{ns}", "--timeout=300s", check=False)
+            if self.operator is not None:
+                self.operator.stop()
+            self.proxy.stop()
 
 
 def run_faults(
