@@ -17,7 +17,8 @@ requested beyond a node's allocatable by pods bound there, and at the end also b
 pinned there), duplicate_ranks (two live pods of one job claiming one rank), and at the end,
 after the settle: orphans (live tidal pods with no live owner, beyond the job's world size, or
 held by a job that is not admitted) and stuck_jobs (a job neither Running nor Pending with a
-reason, or Pending although its smallest shape fits in the GPUs that are free).
+reason, or Pending although its smallest shape fits in the GPUs that are free; a gang released
+for a whole-gang restart and queued again counts as Pending).
 
 Without --kubeconfig it brings up its own cluster (e2e/cluster.sh, name tidal-faults, 8 NVL72
 racks = 144 nodes) and removes it afterwards unless --keep. Failed nodes are put back at the end.
@@ -258,7 +259,11 @@ class Snapshot:
                 (c.get("message") for c in st.get("conditions", []) if c.get("status") == "False" and c.get("message")),
                 "",
             )
-            if phase != "Pending" or not reason:
+            # A gang released for a whole-gang restart waits in the queue like a Pending job (it is
+            # queued ahead of new work as a recovery): judged the same way, not as stuck per se.
+            released = not st.get("assignment") and not st.get("placement")
+            waiting = phase == "Pending" or (phase == "Restarting" and released)
+            if not waiting or not reason:
                 stuck.append(f"{name}: phase {phase!r} reason {reason!r}")
                 continue
             gpp = int(spec.get("gpusPerPod", 1))
