@@ -66,7 +66,7 @@ class FaultConfig:
 
     @classmethod
     def quick_config(cls, seed: int = 7) -> FaultConfig:
-        """The CI size: a few kills, a small mix, a 10% node failure; about 3-4 minutes."""
+        """The CI size: 3 kills, a small mix, a 10% node failure; 2-5 minutes on the loaded 2-core CI machine."""
         return cls(
             kills=3,
             node_failure_share=0.10,
