@@ -42,6 +42,8 @@ class Cycle:
     """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
     pod_creates: list[dict[str, Any]] = field(default_factory=list)
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
+    delete_uids: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(namespace, name) -> uid of each queued delete, to forget it again if the call fails."""
     ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
     pod_labels: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     services: list[dict[str, Any]] = field(default_factory=list)
@@ -93,6 +95,7 @@ class Cycle:
             return
         node = self.state.nodes.get(pod.node or "")
         self.deleted_uids.add(pod.uid)
+        self.delete_uids[(pod.namespace, pod.name)] = pod.uid
         self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
 
     scratch: dict[str, Any] = field(default_factory=dict)
@@ -170,7 +173,18 @@ class Cycle:
         next cycle finds them missing and makes them all.
         """
         if self.pod_deletes:
-            self.api.parallel(_logged(lambda d: self.api.delete_pod(*d)), self.pod_deletes)
+
+            def delete(d: tuple[str, str, int | None]) -> bool:
+                self.api.delete_pod(*d)
+                return True
+
+            done = self.api.parallel(_logged(delete), self.pod_deletes)
+            for (namespace, name, _), ok in zip(self.pod_deletes, done, strict=True):
+                if not ok:
+                    # Not deleted (a 500, a 429, a dropped connection): were its uid kept in
+                    # deleted_uids, the pod would count as gone and never be deleted again, and a
+                    # gang re-placed under the same names would wait on it forever (bench.faults).
+                    self.deleted_uids.discard(self.delete_uids.get((namespace, name), ""))
         if self.domain_deletes:
 
             def delete_domain(d: tuple[str, str]) -> bool:
@@ -209,6 +223,7 @@ class Cycle:
         self._flush_pool_services()
         self.pod_deletes, self.pod_creates, self.ungates, self.services, self.pod_labels = [], [], [], [], []
         self.domain_creates, self.domain_deletes = [], []
+        self.delete_uids = {}
 
     def _flush_pool_services(self) -> None:
         now = time.monotonic()

@@ -101,6 +101,14 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
     if broken:
         return _restart(cyc, view, status, shape, broken, pods)
+    displaced = _displaced_groups(cyc, view, shape, placement, pods)
+    if displaced:
+        why = "; ".join(f"group {g}: {r}" for g, r in sorted(displaced.items()))
+        replaced = _replace_groups(cyc, view, status, shape, sorted(displaced), pods)
+        if replaced is None:  # no room elsewhere either: give the gang back and queue it again
+            return _restart(cyc, view, status, shape, displaced, pods)
+        cyc.event(view, "Replaced", f"re-placed {len(displaced)} group(s) whose GPUs others took: {why}", warning=True)
+        return {**replaced, "reason": why}
 
     def build(names: list[str]) -> list[dict[str, Any]]:
         # Manifests (a deep copy of the template each) only for the groups that miss a pod.
@@ -302,6 +310,31 @@ def _broken_groups(
             if group in broken:
                 break
     return broken
+
+
+def _displaced_groups(
+    cyc: Cycle,
+    view: ResourceView,
+    shape: GangShape,
+    placement: dict[int, dict[str, Any]],
+    pods: dict[str, PodView],
+) -> dict[int, str]:
+    """Group -> why: a pod still waiting for its planned node, where pods bound since (a foreign pod
+    given nodeName, or one kube-scheduler put there while ours was gated) leave it no room. The
+    scheduler would keep it Pending forever, so the group is planned again elsewhere."""
+    displaced: dict[int, str] = {}
+    for group, entry in placement.items():
+        for i, node in enumerate(entry["nodes"]):
+            name = pod_name(view.name, group * shape.pods_per_group + i)
+            pod, held = pods.get(name), cyc.snapshot.nodes.get(node)
+            if pod is None or pod.bound or pod.node != node or _gone(cyc, pod) or held is None:
+                continue
+            # The snapshot books tidal's placements plus every other bound pod: beyond capacity, the
+            # unbound tidal pod is the one that cannot land (what is bound stays bound).
+            if held.allocated > held.gpus:
+                displaced[group] = f"pod {name} no longer fits on {node} ({held.allocated} of {held.gpus} GPUs booked)"
+                break
+    return displaced
 
 
 def _gone(cyc: Cycle, pod: PodView) -> bool:
