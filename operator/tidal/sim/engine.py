@@ -553,10 +553,11 @@ class Simulation:
             return
         t = self._last_accounting
         training = stalled = 0
-        for job in self.active.values():
-            training += job.gpus_held
+        for job in self.active.values():  # every event: the property calls inlined
+            held = len(job.groups) * job.group_gpus
+            training += held
             if job.state != "running":
-                stalled += job.gpus_held
+                stalled += held
         inference = short = 0
         tot = self.totals
         for pool in self.pools.values():
