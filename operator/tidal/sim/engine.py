@@ -184,6 +184,7 @@ class Totals:
     training_gpu_s: float = 0.0  # GPUs held by training, whatever they do
     stalled_gpu_s: float = 0.0  # held while restoring or writing a requested checkpoint
     inference_used_gpu_s: float = 0.0  # warm replicas the demand needs
+    inference_gpu_s: float = 0.0  # every GPU held by a replica: used, loading, or ahead of demand
     cold_gpu_s: float = 0.0  # replicas loading their model
     idle_gpu_s: float = 0.0
     lost_failures_gpu_s: float = 0.0
@@ -570,6 +571,7 @@ class Simulation:
             tot.served_gpu_s += min(warm, demanded) * dt_s
             short = short or warm < demanded
         tot.training_gpu_s += training * dt_s
+        tot.inference_gpu_s += inference * dt_s
         tot.stalled_gpu_s += stalled * dt_s
         tot.idle_gpu_s += max(self.usable_gpus - training - inference, 0) * dt_s
         if short:

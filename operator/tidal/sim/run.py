@@ -61,6 +61,23 @@ def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, floa
         "lost_gpu_hours_preemption": round(totals.lost_preemption_gpu_s / 3600, 1),
         "stalled_gpu_hours": round(totals.stalled_gpu_s / 3600, 1),
         "cold_start_gpu_hours": round(totals.cold_gpu_s / 3600, 1),
+        # Where the GPU-hours went (they add up to the usable GPU-hours): the goodput breakdown.
+        "training_held_gpu_hours": round(totals.training_gpu_s / 3600, 1),
+        "inference_held_gpu_hours": round(totals.inference_gpu_s / 3600, 1),
+        "inference_ahead_of_demand_gpu_hours": round(
+            (totals.inference_gpu_s - totals.inference_used_gpu_s - totals.cold_gpu_s) / 3600, 1
+        ),
+        "training_overhead_gpu_hours": round(
+            (
+                totals.training_gpu_s
+                - totals.useful_work
+                - totals.stalled_gpu_s
+                - totals.lost_preemption_gpu_s
+                - totals.lost_failures_gpu_s
+            )
+            / 3600,
+            1,
+        ),
         "gpus_idle": round(totals.idle_gpu_s / seconds, 1),
     }
 
