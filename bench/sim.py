@@ -18,19 +18,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
 from tidal.sim.policies import DEFAULT_POLICIES, POLICIES
-from tidal.sim.run import Scenario, over_seeds, run_scenarios, table
+from tidal.sim.run import Scenario, over_seeds, run_scenarios, table, write_outputs
 from tidal.sim.workload import mix_gpu_time_shares
 
 SWEEP_LOADS = (0.5, 0.8, 1.0, 1.2)
 SWEEP_PEAKS = (0.2, 0.4, 0.6)
 
 
-def run_seeds(base: Scenario, seeds: list[int], policies: list[str], jobs: int = 2) -> dict:
-    return _aggregate(
-        base, seeds, run_scenarios([dataclasses.replace(base, seed=s) for s in seeds], policies, jobs=jobs)
-    )
+def run_seeds(base: Scenario, seeds: list[int], policies: list[str], jobs: int = 2, out: Path | None = None) -> dict:
+    """Mean and spread over the seeds; with `out`, the first seed's table, JSON and plots go there
+    (as `tidal sim --out` writes them), from the same runs."""
+    runs = run_scenarios([dataclasses.replace(base, seed=s) for s in seeds], policies, jobs=jobs)
+    if out is not None:
+        write_outputs(runs[0], out)
+    return _aggregate(base, seeds, runs)
 
 
 def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
@@ -113,6 +117,7 @@ def main() -> None:
     parser.add_argument("--training-load-share", type=float, default=1.0)
     parser.add_argument("--inference-peak-share", type=float, default=0.4)
     parser.add_argument("--quick", action="store_true", help="CI smoke: 1,440 GPUs, 1 day, seed 7")
+    parser.add_argument("--out", type=Path, help="write the first seed's table, JSON and plots here (e.g. docs/sim)")
     parser.add_argument("--sweep", action="store_true", help="load sweep instead of the single table")
     parser.add_argument(
         "--jobs",
@@ -136,7 +141,7 @@ def main() -> None:
         rows = sweep(base, seeds, policies, args.jobs)
         print(json.dumps(rows) if args.json else sweep_table(rows))
         return
-    result = run_seeds(base, seeds, policies, args.jobs)
+    result = run_seeds(base, seeds, policies, args.jobs, args.out)
     agg = result.pop("_agg")
     result["mix"] = [
         {"gpus": s.gpus, "group_gpus": s.tp * s.ep, "job_share": round(j, 4), "gpu_time_share": round(g, 4)}
