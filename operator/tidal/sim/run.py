@@ -125,7 +125,7 @@ def run_policy(scenario: Scenario, name: str, fleet: list, workload: Workload, c
 _COST_ORDER = ("tidal", "tidal-reactive", "autoscale-preempt", "static-split", "topology-only", "first-fit")
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=4)
 def _built(scenario: Scenario) -> tuple[list, Workload]:
     # A worker process runs several policies of one scenario: the fleet and workload are built
     # once per process (deterministic for the scenario, so every policy sees the same ones).
@@ -157,7 +157,8 @@ def run_scenarios(
     tasks = [(s, n, check) for s in scenarios for n in names]
     if jobs > 1 and len(tasks) > 1:
         rank = {n: i for i, n in enumerate(_COST_ORDER)}
-        by_cost = sorted(range(len(tasks)), key=lambda i: (rank.get(tasks[i][1], len(rank)), i))
+        # Scenario by scenario (a worker then builds few workloads), the longest policies first.
+        by_cost = sorted(range(len(tasks)), key=lambda i: (i // len(names), rank.get(tasks[i][1], len(rank)), i))
         with ProcessPoolExecutor(min(jobs, len(tasks))) as pool:
             done = dict(zip(by_cost, pool.map(_policy_task, [tasks[i] for i in by_cost]), strict=True))
         outs = [done[i] for i in range(len(tasks))]
