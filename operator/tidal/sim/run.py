@@ -258,6 +258,11 @@ COLUMNS = (
     "lost_gpu_hours_preemption",
     "stalled_gpu_hours",
     "cold_start_gpu_hours",
+    # where the GPU-hours went (the goodput breakdown)
+    "training_held_gpu_hours",
+    "training_overhead_gpu_hours",
+    "inference_held_gpu_hours",
+    "inference_ahead_of_demand_gpu_hours",
     "gpus_idle",
 )
 
