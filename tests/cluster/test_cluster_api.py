@@ -71,6 +71,10 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
         initContainers=[{"name": "init", "image": "busybox"}],
         affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
         tolerations=[{"key": "gpu", "operator": "Exists"}],
+        # Empty values of refused fields, as Helm charts render them by default.
+        nodeSelector={},
+        schedulingGates=[],
+        nodeName="",
     )
     kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(training_job("ok-template", template=allowed)))
     named = inference_pool("ok-load", load=prometheus_load({"server": "main", "query": "sum(rate(x[1m]))"}))

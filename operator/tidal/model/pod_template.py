@@ -162,18 +162,21 @@ _T = "self.template.spec"
 def template_rules() -> list[dict[str, str]]:
     """CEL rules on a spec with `template` and `accelerator`, each naming the refused field."""
 
-    def absent(field: str, why: str) -> dict[str, str]:
+    def absent(field: str, why: str, empty: str = "") -> dict[str, str]:
+        # `empty`: the field's empty value passes, as Helm charts render `nodeSelector: {}` and
+        # `schedulingGates: []` by default and the operator's own check treats empty as unset.
+        unset = f"!has({_T}) || !has({_T}.{field})" + (f" || {empty.format(f=f'{_T}.{field}')}" if empty else "")
         return {
-            "rule": f"!has({_T}) || !has({_T}.{field})",
+            "rule": unset,
             "message": f"spec.template.spec.{field}: must not be set: {why}",
             "fieldPath": f".template.spec.{field}",
         }
 
     return [
-        absent("nodeName", "tidal chooses each pod's node"),
-        absent("nodeSelector", "tidal chooses each pod's node"),
-        absent("schedulingGates", "tidal gates and ungates its pods"),
-        absent("priorityClassName", "set spec.priorityClassName; tidal gives it to every pod"),
+        absent("nodeName", "tidal chooses each pod's node", '{f} == ""'),
+        absent("nodeSelector", "tidal chooses each pod's node", "size({f}) == 0"),
+        absent("schedulingGates", "tidal gates and ungates its pods", "size({f}) == 0"),
+        absent("priorityClassName", "set spec.priorityClassName; tidal gives it to every pod", '{f} == ""'),
         absent("priority", "set spec.priorityClassName; tidal gives it to every pod"),
         {
             "rule": f"!has({_T}) || !has({_T}.affinity) || !has({_T}.affinity.nodeAffinity) || "
