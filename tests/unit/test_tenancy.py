@@ -132,3 +132,26 @@ def test_pool_replicas_stay_within_the_namespaces_gpu_quota():
     cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
     assert cond["reason"] == "QuotaExceeded" and "ResourceQuota serve/gpus" in cond["message"]
     assert len(cluster.pods_of("tidal.dev/pool", "chat")) == 4
+
+
+def test_two_admissions_in_one_cycle_never_share_the_quotas_room():
+    """status.used above tidal's own ledger (it counts terminating pods) must not hide what this
+    cycle already booked: 32 of 64 used by the quota's count, 32 left, two 32-GPU jobs -> one."""
+    from tidal.k8s.quota import Quotas, quota_view
+    from tidal.k8s.state import resource_view
+
+    quota = quota_view(
+        {
+            "metadata": {"namespace": "a", "name": "gpus"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "64"}},
+            "status": {"used": {"requests.nvidia.com/gpu": "32"}},
+        }
+    )
+    quotas = Quotas.build([quota], held=[("a", "nvidia.com/gpu", 8)])  # the ledger: 8
+    job = resource_view(
+        {"kind": "TrainingJob", "metadata": {"namespace": "a", "name": "j", "uid": "u"}, "spec": rack_job()}
+    )
+    assert quotas.problem(job, 32) is None
+    quotas.book(job, 32)
+    assert quotas.problem(job, 32) is not None, "the second 32 GPUs fit into the room the first took"
+    assert quotas.room(job) == 0

@@ -86,7 +86,11 @@ class Quotas:
     quotas: dict[str, list[QuotaView]] = field(default_factory=dict)
     """Namespace -> its quotas that limit some extended resource."""
     used: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(namespace, requests.<accelerator>) -> GPUs booked or held there."""
+    """(namespace, requests.<accelerator>) -> GPUs booked or held there when the cycle began."""
+    booked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """GPUs admitted by this cycle: added on top of whichever count is higher, the ledger or the
+    quota's own status.used (which may count terminating pods), so two admissions in one cycle
+    never both fit into the same room."""
     version: int = 0
 
     @classmethod
@@ -105,7 +109,7 @@ class Quotas:
         for namespace, accelerator, gpus in held:
             if namespace in by_ns:
                 used[(namespace, REQUESTS + accelerator)] += gpus
-        return cls(by_ns, used, version)
+        return cls(by_ns, used, version=version)
 
     def limited(self, namespace: str | None) -> bool:
         return bool(self.quotas.get(namespace or ""))
@@ -117,7 +121,7 @@ class Quotas:
         for q in self.quotas.get(namespace, ()):
             if key not in q.hard or not applies(q, view.spec.get("priorityClassName")):
                 continue
-            used = max(self.used[(namespace, key)], q.used.get(key, 0))
+            used = self._in_use(namespace, key, q)
             if used + gpus > q.hard[key]:
                 return (
                     f"ResourceQuota {namespace}/{q.name}: {key} {used} of {q.hard[key]} in use, "
@@ -132,10 +136,13 @@ class Quotas:
         left = None
         for q in self.quotas.get(namespace, ()):
             if key in q.hard and applies(q, view.spec.get("priorityClassName")):
-                free = max(q.hard[key] - max(self.used[(namespace, key)], q.used.get(key, 0)), 0)
+                free = max(q.hard[key] - self._in_use(namespace, key, q), 0)
                 left = free if left is None else min(left, free)
         return left
 
+    def _in_use(self, namespace: str, key: str, q: QuotaView) -> int:
+        return max(self.used[(namespace, key)], q.used.get(key, 0)) + self.booked[(namespace, key)]
+
     def book(self, view: ResourceView, gpus: int) -> None:
         if self.limited(view.namespace):
-            self.used[(view.namespace or "", REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu"))] += gpus
+            self.booked[(view.namespace or "", REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu"))] += gpus
