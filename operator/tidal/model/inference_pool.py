@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
-from tidal.model.common import ApiModel, Condition
+from tidal.model.common import ApiModel, Condition, deprecated_priority_field, priority_class_name_field
 from tidal.model.pod_template import MAX_RESOURCE_NAME, PodTemplate, template_problems, template_rules
 from tidal.model.training_job import DEFAULT_ACCELERATOR, GroupPlacement
 
@@ -152,20 +152,8 @@ class InferencePoolSpec(ApiModel):
         default=DEFAULT_ACCELERATOR, min_length=1, max_length=MAX_RESOURCE_NAME, description="Extended resource name."
     )
     template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
-    priority_class_name: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-        description="PriorityClass whose value orders and may preempt (as for pods; tidal's pods get it too). "
-        "None: the globalDefault PriorityClass's value, or 0. A class that does not exist keeps it Pending.",
-    )
-    priority: int = Field(
-        default=1000,
-        ge=-1_000_000,
-        le=1_000_000,
-        description="Deprecated, ignored: any tenant could outrank any other. Use priorityClassName. Honoured "
-        "only when the operator runs with --spec-priority (all tenants trusted).",
-    )
+    priority_class_name: str | None = priority_class_name_field()
+    priority: int = deprecated_priority_field(1000)
     schedule: ScheduleSpec | None = Field(default=None, description="Time-of-day replica floors.")
     load: LoadSpec | None = Field(default=None, description="Load signal that may raise replicas above the floor.")
 

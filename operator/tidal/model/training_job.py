@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.model.common import ApiModel, Condition
+from tidal.model.common import ApiModel, Condition, deprecated_priority_field, priority_class_name_field
 from tidal.model.pod_template import MAX_RESOURCE_NAME, PodTemplate, template_problems, template_rules
 
 DEFAULT_ACCELERATOR = "nvidia.com/gpu"
@@ -87,20 +87,8 @@ class TrainingJobSpec(ApiModel):
         description="Extended resource name, e.g. nvidia.com/gpu.",
     )
     template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every rank of the job.")
-    priority_class_name: str | None = Field(
-        default=None,
-        max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-        description="PriorityClass whose value orders and may preempt (as for pods; tidal's pods get it too). "
-        "None: the globalDefault PriorityClass's value, or 0. A class that does not exist keeps it Pending.",
-    )
-    priority: int = Field(
-        default=0,
-        ge=-1_000_000,
-        le=1_000_000,
-        description="Deprecated, ignored: any tenant could outrank any other. Use priorityClassName. Honoured "
-        "only when the operator runs with --spec-priority (all tenants trusted).",
-    )
+    priority_class_name: str | None = priority_class_name_field()
+    priority: int = deprecated_priority_field(0)
     preemptible: bool = Field(default=False, description="Whether higher-priority work may suspend or shrink it.")
     elastic: ElasticSpec | None = Field(default=None, description="Allowed DP range for shrink/expand.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint contract.")
