@@ -293,6 +293,7 @@ def run(fleet: str, gpus: int, pods: int, queued: int, pools: int, cycles: int, 
     controller = Controller(api, FixedClock(NOW))
     api.controller = controller
     controller.settings.min_cycle_seconds = 0.0
+    controller.settings.spec_priority = True  # the synthetic world's jobs carry integer priorities
     t = time.perf_counter()
     controller.cycle(state)  # the first cycle: cache filled, snapshot built, every queued job tried once
     first_ms = (time.perf_counter() - t) * 1000

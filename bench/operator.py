@@ -140,6 +140,7 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[st
         "tidal.dev/supernode",
         "--metrics-port",
         str(metrics_port),
+        "--spec-priority",  # the synthetic jobs carry integer priorities (big-gang goes first)
         env={"TIDAL_LOG_LEVEL": "WARNING"},
     )
     op.start()

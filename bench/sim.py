@@ -18,30 +18,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 from tidal.sim.policies import DEFAULT_POLICIES, POLICIES
-from tidal.sim.run import Scenario, over_seeds, run_scenario, table
+from tidal.sim.run import Scenario, over_seeds, run_scenarios, table, write_outputs
 from tidal.sim.workload import mix_gpu_time_shares
 
 SWEEP_LOADS = (0.5, 0.8, 1.0, 1.2)
 SWEEP_PEAKS = (0.2, 0.4, 0.6)
 
 
-def _run(args: tuple[Scenario, list[str]]) -> dict:
-    scenario, policies = args
-    result = run_scenario(scenario, policies)
-    result.pop("series")
-    return result
+def run_seeds(base: Scenario, seeds: list[int], policies: list[str], jobs: int = 2, out: Path | None = None) -> dict:
+    """Mean and spread over the seeds; with `out`, the first seed's table, JSON and plots go there
+    (as `tidal sim --out` writes them), from the same runs."""
+    runs = run_scenarios([dataclasses.replace(base, seed=s) for s in seeds], policies, jobs=jobs)
+    if out is not None:
+        write_outputs(runs[0], out)
+    return _aggregate(base, seeds, runs)
 
 
-def run_seeds(base: Scenario, seeds: list[int], policies: list[str], jobs: int = 1) -> dict:
-    work = [(dataclasses.replace(base, seed=s), policies) for s in seeds]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            runs = list(pool.map(_run, work))
-    else:
-        runs = [_run(w) for w in work]
+def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
+    for r in runs:
+        r.pop("series")
     agg = over_seeds(runs)
     return {
         "gpus": runs[0]["gpus"],
@@ -52,6 +50,7 @@ def run_seeds(base: Scenario, seeds: list[int], policies: list[str], jobs: int =
         "training_load_share": base.training_load_share,
         "wall_s_per_seed": [r["wall_s"] for r in runs],
         "wall_s_by_policy": [r["wall_s_by_policy"] for r in runs],
+        "cpu_s_by_policy": [r["cpu_s_by_policy"] for r in runs],
         "training_jobs": [r["training_jobs"] for r in runs],
         "failures": [r["failures"] for r in runs],
         "policies": {n: {k: v["mean"] for k, v in m.items()} for n, m in agg["policies"].items()},
@@ -73,11 +72,17 @@ def mix_lines() -> list[str]:
 
 
 def sweep(base: Scenario, seeds: list[int], policies: list[str], jobs: int) -> list[dict]:
-    points = [dataclasses.replace(base, training_load_share=x) for x in SWEEP_LOADS]
-    points += [dataclasses.replace(base, inference_peak_share=x) for x in SWEEP_PEAKS if x != base.inference_peak_share]
+    """The full grid: every offered training load with every inference peak share (12 points),
+    all (point, seed, policy) runs in one process pool."""
+    points = [
+        dataclasses.replace(base, training_load_share=load, inference_peak_share=peak)
+        for load in SWEEP_LOADS
+        for peak in SWEEP_PEAKS
+    ]
+    runs = run_scenarios([dataclasses.replace(p, seed=s) for p in points for s in seeds], policies, jobs=jobs)
     out = []
-    for p in points:
-        r = run_seeds(p, seeds, policies, jobs)
+    for k, p in enumerate(points):
+        r = _aggregate(p, seeds, runs[k * len(seeds) : (k + 1) * len(seeds)])
         r.pop("_agg")
         out.append(r)
     return out
@@ -112,8 +117,14 @@ def main() -> None:
     parser.add_argument("--training-load-share", type=float, default=1.0)
     parser.add_argument("--inference-peak-share", type=float, default=0.4)
     parser.add_argument("--quick", action="store_true", help="CI smoke: 1,440 GPUs, 1 day, seed 7")
+    parser.add_argument("--out", type=Path, help="write the first seed's table, JSON and plots here (e.g. docs/sim)")
     parser.add_argument("--sweep", action="store_true", help="load sweep instead of the single table")
-    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="processes running (seed, policy) pairs in parallel; results do not depend on it",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     base = Scenario(
@@ -130,7 +141,7 @@ def main() -> None:
         rows = sweep(base, seeds, policies, args.jobs)
         print(json.dumps(rows) if args.json else sweep_table(rows))
         return
-    result = run_seeds(base, seeds, policies, args.jobs)
+    result = run_seeds(base, seeds, policies, args.jobs, args.out)
     agg = result.pop("_agg")
     result["mix"] = [
         {"gpus": s.gpus, "group_gpus": s.tp * s.ep, "job_share": round(j, 4), "gpu_time_share": round(g, 4)}

@@ -40,6 +40,7 @@ nohup tidal run --health-port 0 >"$state/operator.log" 2>&1 &
 echo $! >"$state/operator.pid"
 
 log "applying the sample workloads"
+kubectl apply -f "$repo/examples/priorityclasses.yaml" >/dev/null  # the workloads name them
 kubectl apply -f "$repo/examples/workloads/" >/dev/null
 deadline=$(( $(date +%s) + 180 ))
 until [[ -z "$(kubectl get trainingjobs -A --no-headers 2>/dev/null | awk '$3 != "Running"')" ]]; do

@@ -29,7 +29,7 @@ YAML
     done
     kubectl apply --server-side -f "$repo/crds"
     kubectl wait --for=condition=Established --timeout=60s -f "$repo/crds"
-    kubectl apply -f "$repo/examples/peering.yaml"
+    kubectl apply -f "$repo/examples/peering.yaml" -f "$repo/examples/priorityclasses.yaml"
     echo "now: tidal run --discover-supernodes tidal.dev/supernode   (then apply your TrainingJobs)"
     ;;
   down) kind delete cluster --name "$name" ;;

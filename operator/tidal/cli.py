@@ -71,7 +71,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         training_load_share=args.training_load_share,
         traces_dir=args.traces,
     )
-    result = run_scenario(scenario, args.policy or None)
+    result = run_scenario(scenario, args.policy or None, jobs=args.jobs)
     print(table(result))
     for path in write_outputs(result, args.out):
         print(f"wrote {path}")
@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory with the trace CSVs (default: the copies shipped in tidal/sim/data)",
     )
     sim.add_argument("--out", type=Path, default=Path("sim-out"), help="where the table, JSON and plots go")
+    sim.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="processes running the policies in parallel (default 2; results do not depend on it)",
+    )
     sim.set_defaults(func=_cmd_sim)
 
     placement = sub.add_parser("placement", help="print where every HBD group landed, per supernode")

@@ -29,9 +29,12 @@ def kube() -> Kube:
     )
     kubeconfig = Path(out.stdout.strip().splitlines()[-1].removeprefix("export KUBECONFIG="))
     k = Kube(kubeconfig, bin_dir())
-    k.run("apply", "--server-side", "-f", str(REPO / "crds"))
+    # --force-conflicts: a kept cluster may hold the same CRDs installed by the chart test (helm).
+    k.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     k.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
     k.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
+    # Workload priorities are PriorityClass values: tidal-batch 1, tidal-training 100, tidal-serving 1000.
+    k.run("apply", "-f", str(REPO / "examples" / "priorityclasses.yaml"))
     yield k
     if not was_up and not os.environ.get("TIDAL_KEEP_CLUSTER"):
         subprocess.run([str(E2E / "cluster.sh"), "down"], env=env, check=False)

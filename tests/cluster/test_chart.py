@@ -76,6 +76,17 @@ def test_helm_lint_and_template(kube: Kube):
     assert rule["spec"] == promtool_tested, "the PrometheusRule carries the promtool-tested rules"
     bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.logLevel=LOUD", check=False)
     assert bad.returncode != 0 and "logLevel" in bad.stderr
+    # Load sources: named by the admin, passed as flags; a pool can only name one.
+    sources = "operator.loadSources.main=http://prometheus.monitoring.svc:9090"
+    rendered = helm(kube, "template", RELEASE, str(CHART), "--set", sources).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--load-source=main=http://prometheus.monitoring.svc:9090" in args
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.loadSources.main=ftp://x", check=False)
+    assert bad.returncode != 0 and "/operator/loadSources/main" in bad.stderr
+    # (helm 4 names the wrong path for a bad property name, hence only the name is checked)
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.loadSources.Bad_Name=http://x", check=False)
+    assert bad.returncode != 0 and "'Bad_Name' does not match pattern" in bad.stderr
 
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:

@@ -8,6 +8,19 @@ import yaml
 from .kube import REPO, Kube, eventually
 
 TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+MAIN = {"name": "main", "image": "busybox"}
+SIDECAR = {"name": "sidecar", "image": "busybox"}
+GPU_LIMIT = {"limits": {"nvidia.com/gpu": 1}}
+GPU_REQUEST = {"requests": {"nvidia.com/gpu": "1"}}
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def prometheus_load(prometheus: dict) -> dict:
+    return {"targetPerReplica": 10, "source": "Prometheus", "prometheus": prometheus}
+
+
+def pod_spec(**fields) -> dict:
+    return {"spec": {"containers": [MAIN], **fields}}
 
 
 def training_job(name: str, **spec) -> dict:
@@ -51,6 +64,23 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
         "-",
         input=yaml.safe_dump_all([training_job("ok-job", elastic={"minDP": 1, "maxDP": 4}), inference_pool("ok-pool")]),
     )
+    # What the template may still say: sidecars without GPUs, GPUs on the first container (tidal
+    # overwrites the count), preferred node affinity, tolerations, pod labels.
+    allowed = pod_spec(
+        containers=[{**MAIN, "resources": GPU_LIMIT}, {**SIDECAR, "resources": {"limits": {"cpu": "1"}}}],
+        initContainers=[{"name": "init", "image": "busybox"}],
+        affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        tolerations=[{"key": "gpu", "operator": "Exists"}],
+        # Empty values of refused fields, as Helm charts render them by default.
+        nodeSelector={},
+        schedulingGates=[],
+        nodeName="",
+    )
+    kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(training_job("ok-template", template=allowed)))
+    named = inference_pool("ok-load", load=prometheus_load({"server": "main", "query": "sum(rate(x[1m]))"}))
+    kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(named))
+    kept = kube.get("trainingjob", "ok-template", "-n", namespace)["spec"]["template"]["spec"]
+    assert kept["tolerations"] == allowed["spec"]["tolerations"], "undeclared template fields are kept, not pruned"
     kube.apply(
         {
             "apiVersion": "tidal.dev/v1alpha1",
@@ -78,6 +108,71 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
         (inference_pool("bad-replicas", minReplicas=-1), "spec.minReplicas", "greater than or equal to 0"),
         (inference_pool("bad-range", minReplicas=5, maxReplicas=2), "spec.minReplicas", "<= maxReplicas"),
         (training_job("bad-field", bogus=1), "spec.bogus", "unknown field"),
+        # The pod template: fields tidal owns are refused, not silently broken (issue 13).
+        (training_job("tpl-nodename", template=pod_spec(nodeName="n0")), "spec.template.spec.nodeName", "must not"),
+        (
+            training_job("tpl-gates", template=pod_spec(schedulingGates=[{"name": "mine"}])),
+            "spec.template.spec.schedulingGates",
+            "must not be set",
+        ),
+        (
+            training_job("tpl-selector", template=pod_spec(nodeSelector={"gpu": "h100"})),
+            "spec.template.spec.nodeSelector",
+            "must not be set",
+        ),
+        (
+            training_job(
+                "tpl-affinity", template=pod_spec(affinity={"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": []}}})
+            ),
+            "spec.template.spec.affinity",
+            f"{REQUIRED}: must not be set",
+        ),
+        (
+            training_job("tpl-second-gpu", template=pod_spec(containers=[MAIN, {**SIDECAR, "resources": GPU_LIMIT}])),
+            "spec.template.spec.containers",
+            "only the first container may request",
+        ),
+        (
+            inference_pool("tpl-init-gpu", template=pod_spec(initContainers=[{**SIDECAR, "resources": GPU_REQUEST}])),
+            "spec.template.spec.initContainers",
+            "init containers must not request",
+        ),
+        (
+            inference_pool(
+                "tpl-other-acc",
+                accelerator="amd.com/gpu",
+                template=pod_spec(containers=[MAIN, {**SIDECAR, "resources": {"limits": {"amd.com/gpu": 1}}}]),
+            ),
+            "spec.template.spec.containers",
+            "only the first container may request",
+        ),
+        (
+            training_job("tpl-dup-names", template=pod_spec(containers=[MAIN, {**MAIN, "resources": GPU_LIMIT}])),
+            "spec.template.spec.containers[1]",
+            "Duplicate value",
+        ),
+        (
+            training_job("tpl-class", template=pod_spec(priorityClassName="system-node-critical")),
+            "spec.template.spec.priorityClassName",
+            "set spec.priorityClassName",
+        ),
+        (
+            inference_pool("bad-class-name", priorityClassName="Not_A_Name"),
+            "spec.priorityClassName",
+            "should match",
+        ),
+        # Load from a free URL let any tenant make the operator fetch any address (issue 13).
+        (
+            inference_pool("free-url", load=prometheus_load({"url": "http://169.254.169.254/", "query": "up"})),
+            "spec.load.prometheus.url",
+            "no longer accepted",
+        ),
+        (
+            inference_pool("no-server", load=prometheus_load({"query": "up"})),
+            "spec.load.prometheus.server",
+            "is required",
+        ),
+        (training_job("tpl-no-name", template=pod_spec(containers=[{"image": "busybox"}])), "name", "Required value"),
     ],
 )
 def test_invalid_objects_are_rejected_naming_the_field(kube: Kube, namespace: str, obj, field, fragment):

@@ -231,3 +231,39 @@ def test_group_re_placed_after_node_loss_gets_a_domain_on_its_new_rack(
     assert after[0] == before[0] and after[1] not in before.values()
     assert f"moe-{before[1]}" not in domains(kube, namespace), "the rack it left keeps no domain"
     assert_gangs_sound(kube)
+
+
+def test_pool_replica_spanning_two_trays_gets_its_own_domain_with_its_pods_claims_allocated(
+    kube: Kube, running_operator: OperatorProcess, namespace: str, dra_driver: DriverController
+):
+    """tp=8 on 4-GPU trays: each replica is 2 pods on 2 trays of a rack, which need an IMEX channel."""
+    pool = {
+        "apiVersion": "tidal.dev/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": "chat"},
+        "spec": {"minReplicas": 0, "maxReplicas": 2, "replicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE},
+    }
+    submit(kube, namespace, pool)
+    wanted = {"chat-replica-0", "chat-replica-1"}
+
+    def settled():
+        st = kube.get("inferencepools.tidal.dev", "chat", "-n", namespace).get("status", {})
+        return st if st.get("readyReplicas") == 2 and set(domains(kube, namespace)) == wanted else None
+
+    st = eventually(settled, timeout=180, interval=2, what="2 ready replicas, each with its domain")
+    assert sorted(st["computeDomains"]) == sorted(wanted)
+    uid = kube.get("inferencepools.tidal.dev", "chat", "-n", namespace)["metadata"]["uid"]
+    for cd in domains(kube, namespace).values():
+        owner = cd["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("InferencePool", uid, True)
+    claims = {c["metadata"]["name"]: c for c in kube.get("resourceclaims", "-n", namespace)["items"]}
+    pods = kube.get("pods", "-n", namespace, "-l", "tidal.dev/pool=chat")["items"]
+    assert len(pods) == 4
+    for pod in pods:
+        template = f"chat-replica-{pod['metadata']['labels']['tidal.dev/replica']}-channel"
+        assert pod["spec"]["resourceClaims"] == [{"name": CLAIM, "resourceClaimTemplateName": template}]
+        made = {s["name"]: s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses", [])}
+        results = claims[made[CLAIM]]["status"]["allocation"]["devices"]["results"]
+        assert [(r["driver"], r["pool"]) for r in results] == [(DRIVER, pod["spec"]["nodeName"])]
+    kube.run("delete", "inferencepool.tidal.dev", "chat", "-n", namespace)
+    eventually(lambda: not domains(kube, namespace), timeout=60, what="domains deleted with their pool")

@@ -62,7 +62,16 @@ def test_whole_rack_gang_runs_after_checkpoint_first_moves(
         kube,
         namespace,
         *(
-            job(name, tp=4, ep=4, pp=1, dp=1, priority=5, preemptible=True, checkpoint={"gracePeriodSeconds": 600})
+            job(
+                name,
+                tp=4,
+                ep=4,
+                pp=1,
+                dp=1,
+                priorityClassName="tidal-batch",
+                preemptible=True,
+                checkpoint={"gracePeriodSeconds": 600},
+            )
             for name in smalls
         ),
     )
@@ -75,7 +84,7 @@ def test_whole_rack_gang_runs_after_checkpoint_first_moves(
     # 8 x 56 = 448 GPUs free, no rack with 72: blocked only by fragmentation.
 
     # Equal priority: preemption may not touch the small jobs, a move (re-placed elsewhere) may.
-    submit(kube, namespace, job("whole-rack", tp=4, ep=18, pp=1, dp=1, priority=5))
+    submit(kube, namespace, job("whole-rack", tp=4, ep=18, pp=1, dp=1, priorityClassName="tidal-batch"))
 
     def moving() -> list[str]:
         return [n for n in smalls if (status(kube, namespace, n).get("eviction") or {}).get("reason") == "Defragmented"]

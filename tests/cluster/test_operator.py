@@ -179,10 +179,19 @@ def test_higher_priority_preempts_whole_gang_checkpoint_first(
     submit(
         kube,
         namespace,
-        job("batch", tp=4, ep=16, pp=1, dp=7, priority=1, preemptible=True, checkpoint={"gracePeriodSeconds": 120}),
+        job(
+            "batch",
+            tp=4,
+            ep=16,
+            pp=1,
+            dp=7,
+            priorityClassName="tidal-batch",
+            preemptible=True,
+            checkpoint={"gracePeriodSeconds": 120},
+        ),
     )
     wait_phase(kube, namespace, "batch", "Running")
-    submit(kube, namespace, job("urgent", tp=4, ep=16, pp=1, dp=2, priority=100))
+    submit(kube, namespace, job("urgent", tp=4, ep=16, pp=1, dp=2, priorityClassName="tidal-training"))
     # The victim is asked to checkpoint first; its pods stay until it confirms.
     requested = eventually(
         lambda: (

@@ -184,7 +184,10 @@ def running_leaders(kube: Kube, namespace: str, name: str) -> set[str]:
 def test_the_pool_service_routes_to_ready_leaders_only(kube: Kube, controlled_clock: OperatorProcess, namespace: str):
     set_clock(controlled_clock, "06:00")
     # Two pods per replica (tp=8, 4 GPUs a pod): only pod 0 of each serves.
-    stuck_template = {"spec": {**SERVER["spec"], "nodeSelector": {"tidal.dev/no-such-label": "x"}}}
+    # A sidecar asking for more CPU than any node has: tidal books GPUs only, so it places the
+    # replica, and kube-scheduler never binds it (a nodeSelector, the easier way, is refused).
+    hog = {"name": "hog", "image": "x", "resources": {"requests": {"cpu": "100000"}}}
+    stuck_template = {"spec": {**SERVER["spec"], "containers": [*SERVER["spec"]["containers"], hog]}}
     submit(
         kube,
         namespace,

@@ -15,7 +15,14 @@ from .test_operator import TEMPLATE, assert_gangs_sound, job, pods_of, status, s
 
 
 def pool(name: str, **spec) -> dict:
-    body = {"minReplicas": 0, "maxReplicas": 20, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    body = {
+        "minReplicas": 0,
+        "maxReplicas": 20,
+        "tp": 8,
+        "gpusPerPod": 4,
+        "priorityClassName": "tidal-serving",
+        "template": TEMPLATE,
+    }
     body.update(spec)
     return {"apiVersion": "tidal.dev/v1alpha1", "kind": "InferencePool", "metadata": {"name": name}, "spec": body}
 
@@ -69,7 +76,7 @@ def test_compressed_day(kube: Kube, controlled_clock: OperatorProcess, namespace
             ep=16,
             pp=1,
             dp=8,
-            priority=1,
+            priorityClassName="tidal-batch",
             preemptible=True,
             elastic={"minDP": 2, "maxDP": 8},
             checkpoint={"gracePeriodSeconds": 3600},

@@ -12,6 +12,8 @@ from typing import Any
 from tidal.k8s import labels
 from tidal.k8s.compact import from_wire
 from tidal.k8s.manifests import controlled_by_owner, service_update
+from tidal.k8s.priority import PriorityClassView
+from tidal.k8s.quota import QuotaView, quota_view
 from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
 from tidal.topology.fleet import build_fleet
 
@@ -42,6 +44,8 @@ class FakeCluster:
         self.objects: dict[tuple[str, str | None, str], ResourceView] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         """Services made by apply_service (the pools'), as the API server would return them."""
+        self.priority_classes: dict[str, PriorityClassView] = {}
+        self.quotas: dict[tuple[str, str], QuotaView] = {}
         for sn in build_fleet(shape, supernodes):
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
@@ -87,6 +91,14 @@ class FakeCluster:
         self.objects[(kind, namespace, name)] = view
         return view
 
+    def add_priority_class(self, name: str, value: int, global_default: bool = False) -> str:
+        self.priority_classes[name] = PriorityClassView(name, value, global_default)
+        return name
+
+    def add_quota(self, namespace: str, name: str, hard: dict[str, str], **spec: Any) -> None:
+        body = {"metadata": {"namespace": namespace, "name": name}, "spec": {"hard": hard, **spec}}
+        self.quotas[(namespace, name)] = quota_view(body)
+
     def get(self, kind: str, namespace: str | None, name: str) -> ResourceView:
         return self.objects[(kind, namespace, name)]
 
@@ -105,6 +117,8 @@ class FakeCluster:
             supernodes=by_kind["Supernode"],
             jobs=by_kind["TrainingJob"],
             pools=by_kind["InferencePool"],
+            priority_classes=dict(self.priority_classes),
+            quotas=dict(self.quotas),
         )
 
     def pods_of(self, owner_label: str, name: str) -> list[dict[str, Any]]:
@@ -193,6 +207,8 @@ class FakeCluster:
         if key in self.compute_domains:
             if self.compute_domains[key]["metadata"].get("deletionTimestamp"):
                 raise RuntimeError(f"ComputeDomain {key} is still being deleted")
+            if not controlled_by_owner(self.compute_domains[key], body):  # as Api.create_compute_domain
+                raise RuntimeError(f"ComputeDomain {key} is controlled by another owner")
             return False
         self.compute_domains[key] = body
         return True

@@ -276,7 +276,8 @@ def test_a_node_held_by_a_domain_is_not_shared_with_another_gang(clique):
     tray (fullest nodes first); with a domain there, the tray serves that domain alone."""
     cluster = FakeCluster("nvl72", 1, clique=clique)
     spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
-    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    cluster.add_priority_class("first", 5)
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priorityClassName": "first"})
     controller = Controller(cluster, FixedClock(NOW))
     run(cluster, controller)
     cluster.add("TrainingJob", "ml", "second", spec)
@@ -295,7 +296,8 @@ def test_a_node_held_by_a_domain_is_not_shared_with_another_gang(clique):
 def test_a_domain_held_node_is_not_taken_by_a_gang_admitted_in_the_same_cycle():
     cluster = FakeCluster("nvl72", 1, clique=True)
     spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
-    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    cluster.add_priority_class("first", 5)
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priorityClassName": "first"})
     cluster.add("TrainingJob", "ml", "second", spec)
     controller = Controller(cluster, FixedClock(NOW))
     controller.cycle(cluster.state())  # both admitted in one cycle
@@ -395,6 +397,10 @@ class _CustomObjects:
         return self.existing
 
 
+def _owner(uid: str) -> dict:
+    return {"apiVersion": "tidal.dev/v1alpha1", "kind": "TrainingJob", "name": "moe", "uid": uid, "controller": True}
+
+
 @pytest.mark.parametrize("terminating", [False, True])
 def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminating):
     from kubernetes import client
@@ -402,7 +408,7 @@ def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminati
     from tidal.k8s.api import Api, DomainTerminating
 
     api = Api(client.ApiClient(), workers=1)
-    meta = {"name": "moe-nvl72-0000", "namespace": "ml"}
+    meta = {"name": "moe-nvl72-0000", "namespace": "ml", "ownerReferences": [_owner("uid-1")]}
     api.custom = _CustomObjects({"metadata": {**meta, **({"deletionTimestamp": "t"} if terminating else {})}})
     body = {"metadata": meta}
     if terminating:
@@ -412,6 +418,45 @@ def test_the_api_tells_an_existing_domain_from_one_still_being_deleted(terminati
         assert api.create_compute_domain(body) is False
 
 
+@pytest.mark.parametrize("refs", [[_owner("uid-old")], [], [{**_owner("uid-new"), "controller": False}]])
+def test_the_api_never_adopts_a_domain_of_the_same_name_another_owner_controls(refs):
+    """A job deleted and made again under the same name before the garbage collector ran: the old
+    job's domain (same name, other uid) must not be taken for the new job's, as the garbage
+    collector deletes it under the running job."""
+    from kubernetes import client
+
+    from tidal.k8s.api import Api, DomainTerminating
+
+    api = Api(client.ApiClient(), workers=1)
+    meta = {"name": "moe-nvl72-0000", "namespace": "ml"}
+    api.custom = _CustomObjects({"metadata": {**meta, "ownerReferences": refs}})
+    with pytest.raises(DomainTerminating, match="another owner"):
+        api.create_compute_domain({"metadata": {**meta, "ownerReferences": [_owner("uid-new")]}})
+
+
+def test_a_job_made_again_under_the_same_name_waits_for_the_old_jobs_domain_to_be_collected():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    old = cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert set(domains_of(cluster)) == {"moe-nvl72-0000"}
+    # Deleted and made again before the garbage collector ran: pods gone, the old domain left.
+    del cluster.objects[("TrainingJob", "ml", "moe")]
+    cluster.pods.clear()
+    run(cluster, controller)
+    new = cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 1})
+    run(cluster, controller)
+    assert not cluster.pods_of("tidal.dev/job", "moe"), "pods would claim a domain the garbage collector deletes"
+    owner = cluster.compute_domains[("ml", "moe-nvl72-0000")]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == old.uid
+    del cluster.compute_domains[("ml", "moe-nvl72-0000")]  # the garbage collector caught up
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "moe")["phase"] == "Running"
+    owner = cluster.compute_domains[("ml", "moe-nvl72-0000")]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == new.uid
+    assert_pods_claim_their_racks_domain(cluster, "moe")
+
+
 def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_serves_both():
     cluster = FakeCluster("nvl72", 1, clique=True)
     low = {**RACK, "dp": 1, "preemptible": True, "checkpoint": {"gracePeriodSeconds": 0}}
@@ -419,7 +464,8 @@ def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_
     controller = Controller(cluster, FixedClock(NOW))
     run(cluster, controller)
     assert set(domains_of(cluster)) == {"low-nvl72-0000"}
-    cluster.add("TrainingJob", "ml", "high", {**RACK, "dp": 1, "priority": 100})
+    cluster.add_priority_class("urgent", 100)
+    cluster.add("TrainingJob", "ml", "high", {**RACK, "dp": 1, "priorityClassName": "urgent"})
     run(cluster, controller, cycles=6)
     assert cluster.status("TrainingJob", "ml", "low")["phase"] == "Pending"
     assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"
@@ -427,3 +473,172 @@ def test_a_preempted_job_gives_its_rack_and_domain_to_the_preemptor_and_no_node_
     assert "computeDomains" not in cluster.status("TrainingJob", "ml", "low")
     assert_pods_claim_their_racks_domain(cluster, "high")
     assert not cluster.pods_of("tidal.dev/job", "low")
+
+
+class FailingDeletes(FakeCluster):
+    """Deletes of ComputeDomains fail (say, the API server times out) while `failing` > 0."""
+
+    failing = 0
+
+    def delete_compute_domain(self, namespace: str, name: str) -> None:
+        if self.failing:
+            self.failing -= 1
+            self._log("delete_compute_domain_failed", name)
+            raise RuntimeError("504 Gateway Timeout")
+        super().delete_compute_domain(namespace, name)
+
+
+def _shrunk_to_one_rack(cluster: FakeCluster, controller: Controller) -> tuple[str, str]:
+    """Run a 2-rack elastic job, then give back DP replica 1: (kept rack, given-back rack)."""
+    run(cluster, controller)
+    rack_of = {g["group"]: g["supernode"] for g in cluster.status("TrainingJob", "ml", "moe")["placement"]}
+    past = "2026-04-30T00:00:00Z"
+    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
+    return rack_of[0], rack_of[1]
+
+
+def test_a_failed_domain_delete_is_retried_next_cycle_and_the_name_stays_recorded_until_it_succeeds():
+    cluster = FailingDeletes("nvl72", 2, clique=True)
+    cluster.add("TrainingJob", "ml", "moe", {**RACK, "dp": 2, "preemptible": True, "elastic": {"minDP": 1, "maxDP": 2}})
+    controller = Controller(cluster, FixedClock(NOW))
+    kept, gone = _shrunk_to_one_rack(cluster, controller)
+    cluster.failing = 1
+    run(cluster, controller, cycles=2)  # the eviction completes; the next reconcile prunes, and fails once
+    assert ("delete_compute_domain_failed", f"moe-{gone}") in cluster.calls
+    run(cluster, controller)
+    assert set(domains_of(cluster)) == {f"moe-{kept}"}, "the failed delete was never retried: the domain leaked"
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert status["computeDomains"] == [f"moe-{kept}"] and not status.get("staleComputeDomains")
+
+
+@pytest.mark.parametrize("how", ["shrink", "suspend"])
+def test_a_restarted_operator_still_deletes_a_domain_whose_delete_failed_before_it_stopped(how):
+    cluster = FailingDeletes("nvl72", 2, clique=True)
+    spec = {**RACK, "dp": 2, "preemptible": True, "elastic": {"minDP": 1, "maxDP": 2}}
+    cluster.add("TrainingJob", "ml", "moe", {**spec, "checkpoint": {"gracePeriodSeconds": 0}})
+    controller = Controller(cluster, FixedClock(NOW))
+    if how == "shrink":
+        kept, _ = _shrunk_to_one_rack(cluster, controller)
+        left = {f"moe-{kept}"}
+    else:
+        run(cluster, controller)
+        view = cluster.get("TrainingJob", "ml", "moe")
+        cluster.objects[("TrainingJob", "ml", "moe")] = dataclasses.replace(view, spec={**view.spec, "suspend": True})
+        left = set()
+    cluster.failing = 10**6  # every delete fails until the operator stops
+    run(cluster, controller)
+    assert len(domains_of(cluster)) == 2
+    assert cluster.status("TrainingJob", "ml", "moe")["staleComputeDomains"], "recorded for whoever runs next"
+    cluster.failing = 0
+    restarted = Controller(cluster, FixedClock(NOW))  # nothing carried over but the cluster's state
+    run(cluster, restarted)
+    assert set(domains_of(cluster)) == left
+    status = cluster.status("TrainingJob", "ml", "moe")
+    assert not status.get("staleComputeDomains")
+    assert status["phase"] == ("Running" if how == "shrink" else "Suspended")
+
+
+def test_pods_made_before_a_domain_was_wanted_get_no_domain_claim_or_whole_node_booking_until_remade():
+    """The clique label appears (or the operator is upgraded) under a running job: its pods have no
+    claim and cannot get one (pod specs are immutable), so no domain is made, recorded or booked
+    for them and the condition says why; a restart makes the pods again, with the claim."""
+    cluster = FakeCluster("nvl72", 1)
+    spec = {"tp": 2, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "first", {**spec, "priority": 5})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "first")["phase"] == "Running"
+    for name, node in list(cluster.nodes.items()):
+        cluster.nodes[name] = dataclasses.replace(node, labels={**node.labels, "nvidia.com/gpu.clique": "c-0"})
+    controller = Controller(cluster, FixedClock(NOW))  # an upgraded (restarted) operator sees the labels
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "first")
+    assert not domains_of(cluster) and "computeDomains" not in status
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert (cond["status"], cond["reason"]) == ("False", "PodsPredateDomain")
+    cluster.add("TrainingJob", "ml", "second", spec)
+    run(cluster, controller)
+    first = status["placement"][0]["nodes"]
+    second = cluster.status("TrainingJob", "ml", "second")["placement"][0]["nodes"]
+    assert set(first) == set(second), "the unclaimed pods' node was booked whole for a domain that does not exist"
+    assert set(domains_of(cluster)) == {"second-nvl72-0000"}, "the new job's pods are made with their claim"
+
+    del cluster.pods[("ml", "first-0")]  # the pod goes: the group restarts with new pods
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "first")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert "first-nvl72-0000" in domains_of(cluster)
+    assert_pods_claim_their_racks_domain(cluster, "first")
+    cond = {c["type"]: c for c in status["conditions"]}["ComputeDomain"]
+    assert (cond["status"], cond["reason"]) == ("True", "Created")
+
+
+# -- InferencePool replicas ----------------------------------------------------------------------
+
+SERVE = {"minReplicas": 0, "maxReplicas": 4, "gpusPerPod": 4, "template": TEMPLATE}
+
+
+def _pool_pods(cluster: FakeCluster, pool: str, replica: int) -> list[dict]:
+    return [
+        p
+        for p in cluster.pods_of("tidal.dev/pool", pool)
+        if p["metadata"]["labels"]["tidal.dev/replica"] == str(replica)
+    ]
+
+
+def test_a_pool_replica_spanning_two_trays_gets_its_own_domain_owned_by_the_pool_and_one_on_a_tray_none():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    pool = cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 8, "replicas": 2})
+    cluster.add("InferencePool", "ml", "small", {**SERVE, "tp": 4, "replicas": 1})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("InferencePool", "ml", "chat")["readyReplicas"] == 2
+    domains = domains_of(cluster)
+    assert set(domains) == {"chat-replica-0", "chat-replica-1"}, "one per multi-tray replica, none for one tray"
+    for r in (0, 1):
+        body = domains[f"chat-replica-{r}"]
+        owner = body["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "InferencePool",
+            "chat",
+            pool.uid,
+            True,
+        )
+        assert body["metadata"]["labels"]["tidal.dev/pool"] == "chat"
+        pods = _pool_pods(cluster, "chat", r)
+        assert len(pods) == 2 and all(claim_of(p) == f"chat-replica-{r}-channel" for p in pods)
+        assert all({"name": CLAIM_NAME} in p["spec"]["containers"][0]["resources"]["claims"] for p in pods)
+    assert not any(claim_of(p) for p in cluster.pods_of("tidal.dev/pool", "small"))
+    assert cluster.status("InferencePool", "ml", "chat")["computeDomains"] == ["chat-replica-0", "chat-replica-1"]
+    verbs = [(v, d) for v, d in cluster.calls if v in ("create_compute_domain", "create_pod")]
+    assert verbs.index(("create_compute_domain", "chat-replica-0")) < verbs.index(("create_pod", "chat-0-0"))
+
+
+def test_a_removed_pool_replicas_domain_is_deleted_and_a_failed_delete_retried():
+    cluster = FailingDeletes("nvl72", 1, clique=True)
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 8, "replicas": 2})
+    controller = Controller(cluster, FixedClock(NOW))
+    controller.demand.window = dt.timedelta(0)  # scale down at once (no stabilization window)
+    run(cluster, controller)
+    assert len(domains_of(cluster)) == 2
+    view = cluster.get("InferencePool", "ml", "chat")
+    cluster.objects[("InferencePool", "ml", "chat")] = dataclasses.replace(view, spec={**view.spec, "replicas": 1})
+    cluster.failing = 1
+    run(cluster, controller, cycles=1)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert status["placedReplicas"] == 1 and len(domains_of(cluster)) == 2
+    assert status["staleComputeDomains"], "kept until the delete succeeds"
+    run(cluster, controller)
+    (kept,) = [r["group"] for r in cluster.status("InferencePool", "ml", "chat")["placement"]]
+    assert set(domains_of(cluster)) == {f"chat-replica-{kept}"}
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert status["computeDomains"] == [f"chat-replica-{kept}"] and not status.get("staleComputeDomains")
+
+
+def test_no_pool_domain_without_a_clique_label():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 8, "replicas": 1})
+    run(cluster, Controller(cluster, FixedClock(NOW)))
+    assert cluster.status("InferencePool", "ml", "chat")["readyReplicas"] == 1
+    assert not cluster.compute_domains and not any(claim_of(p) for p in cluster.pods_of("tidal.dev/pool", "chat"))

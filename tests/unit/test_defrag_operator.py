@@ -18,13 +18,18 @@ from .test_rebalance import TEMPLATE, check_sound, run
 RACKS = 4
 
 
-def spec(tp: int, ep: int, dp: int = 1, **extra) -> dict:
+def spec(tp: int, ep: int, dp: int = 1, priority: int | None = None, **extra) -> dict:
+    """`priority`: the value of the PriorityClass named (scattered() makes prio-0 and prio-1)."""
+    if priority is not None:
+        extra["priorityClassName"] = f"prio-{priority}"
     return {"tp": tp, "ep": ep, "pp": 1, "dp": dp, "gpusPerPod": 4, "template": TEMPLATE, **extra}
 
 
 def scattered(settings: ControllerSettings | None = None) -> tuple[FakeCluster, Controller, FixedClock]:
     """One preemptible 16-GPU job on every rack (56 free each): 224 free GPUs, no rack whole."""
     cluster = FakeCluster("nvl72", RACKS)
+    for value in (0, 1):
+        cluster.add_priority_class(f"prio-{value}", value)
     clock = FixedClock(dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC))
     controller = Controller(cluster, clock, settings or ControllerSettings())
     cluster.add("TrainingJob", "ml", "filler", spec(4, 14, dp=RACKS))  # 56 GPUs on every rack

@@ -104,3 +104,91 @@ def test_a_job_whose_placement_was_not_written_gets_no_pods_and_is_placed_again_
     assert cluster.status("TrainingJob", "ml", "a")["phase"] == "Running"
     verbs = [v for v, d in cluster.calls if d in (("TrainingJob", "a"), "a-0")]
     assert verbs.index("patch_status") < verbs.index("create_pod"), "placement written before the first pod"
+
+
+class SlowScheduler(FakeCluster):
+    """Gates lift but nothing binds until `schedule()`, as while kube-scheduler is busy: the window
+    in which another pod can take the GPUs a tidal pod is pinned to."""
+
+    def remove_gate(self, namespace, name, gate, gates):
+        self._log("ungate_pod", name)
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            self.pods[(namespace, name)] = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
+
+    def schedule(self) -> None:
+        """Bind what fits, as kube-scheduler would (it counts only bound pods)."""
+        used: dict[str, int] = {}
+        for pod in self.pods.values():
+            if pod["spec"].get("nodeName"):
+                used[pod["spec"]["nodeName"]] = used.get(pod["spec"]["nodeName"], 0) + _gpus(pod)
+        for key, pod in sorted(self.pods.items()):
+            spec = pod["spec"]
+            if spec.get("nodeName") or spec.get("schedulingGates"):
+                continue
+            node = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            node = node["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+            if used.get(node, 0) + _gpus(pod) <= 4:
+                used[node] = used.get(node, 0) + _gpus(pod)
+                self.pods[key] = {**pod, "spec": {**spec, "nodeName": node}, "status": {"phase": "Running"}}
+
+
+def _gpus(pod) -> int:
+    return int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
+
+
+def test_a_group_whose_planned_node_a_foreign_pod_took_is_placed_again():
+    # Found by bench.faults: a foreign pod bound (nodeName, or kube-scheduler while ours was gated)
+    # onto a node tidal had planned left the tidal pod Pending forever and the job Admitted.
+    cluster = SlowScheduler("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    planned = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    taken = planned[1]
+    cluster.pods[("other", "foreign")] = {
+        "metadata": {"name": "foreign", "namespace": "other", "uid": "foreign-uid", "labels": {}},
+        "spec": {
+            "nodeName": taken,
+            "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    run(cluster, controller, cycles=4)
+    cluster.schedule()
+    run(cluster, controller, cycles=3)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert taken not in status["placement"][0]["nodes"], "re-planned away from the node the foreign pod took"
+    assert status["phase"] == "Running" and status.get("restarts", 0) == 0, "nothing failed: not a restart"
+    assert any(v == "event" and d[1] == "Replaced" and taken in d[2] for v, d in cluster.calls)
+
+
+class FailingDeletes(FakeCluster):
+    """The API server fails the first delete of each pod (a 500, a 429, a dropped connection)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.failed: set[str] = set()
+
+    def delete_pod(self, namespace, name, grace_seconds=None):
+        if name not in self.failed:
+            self.failed.add(name)
+            self._log("delete_pod_failed", name)
+            raise RuntimeError("(500) Internal Server Error")
+        super().delete_pod(namespace, name, grace_seconds)
+
+
+def test_a_pod_delete_the_api_failed_is_tried_again():
+    # Found by bench.faults: a failed delete still marked the pod deleted, so a group re-placed
+    # under the same pod names waited forever on the old pod, pinned to the old node.
+    cluster = FailingDeletes("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    lost = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=5)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert ("delete_pod_failed", "job-0") in cluster.calls and ("delete_pod", "job-0") in cluster.calls
+    assert lost not in {p["spec"]["nodeName"] for p in cluster.pods_of("tidal.dev/job", "job")}
+    assert status["phase"] == "Running" and status["restarts"] == 1

@@ -50,16 +50,49 @@ def prometheus():
     server.shutdown()
 
 
-def test_prometheus_instant_query(prometheus):
+def test_prometheus_instant_query_goes_to_the_named_source(prometheus):
     url, queries = prometheus
+    sources = {"main": url}
     load = {
         "targetPerReplica": 5,
         "source": "Prometheus",
-        "prometheus": {"url": url, "query": 'sum(rate(requests_total{pool="p"}[1m]))'},
+        "prometheus": {"server": "main", "query": 'sum(rate(requests_total{pool="p"}[1m]))'},
     }
-    assert read_load(pool(load)) == (17.25, None)
+    assert read_load(pool(load), sources) == (17.25, None)
     assert queries == [("/api/v1/query", 'sum(rate(requests_total{pool="p"}[1m]))')]
-    rate, error = read_load(pool({**load, "prometheus": {"url": url, "query": "empty"}}))
-    assert rate is None and "no sample" in error
-    rate, error = read_load(pool({**load, "prometheus": {"url": "http://127.0.0.1:9", "query": "x"}}))
-    assert rate is None and error.startswith("prometheus query failed")
+    rate, error = read_load(pool({**load, "prometheus": {"server": "main", "query": "empty"}}), sources)
+    assert rate is None and "failed (ValueError)" in error
+    rate, error = read_load(pool(load), {"main": "http://127.0.0.1:9"})
+    assert rate is None and error.startswith("query to Prometheus load source 'main' failed")
+
+
+def test_an_unconfigured_source_is_named_and_nothing_is_fetched(prometheus):
+    url, queries = prometheus
+    load = {"targetPerReplica": 5, "source": "Prometheus", "prometheus": {"server": "other", "query": "up"}}
+    rate, error = read_load(pool(load), {"main": url})
+    assert rate is None and error == "load source 'other' is not configured in the operator (configured: main)"
+    assert queries == []
+
+
+def test_the_status_error_never_echoes_the_remote_answer():
+    """Issue 13: the error went into the pool's status verbatim, so a tenant could read whatever
+    an address answered through tidal."""
+    secret = "internal-admin-token-0xdeadbeef"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(secret.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        load = {"targetPerReplica": 5, "source": "Prometheus", "prometheus": {"server": "main", "query": "up"}}
+        rate, error = read_load(pool(load), {"main": f"http://127.0.0.1:{server.server_port}"})
+    finally:
+        server.shutdown()
+    assert rate is None and error and secret not in error and "500" not in error

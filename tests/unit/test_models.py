@@ -90,6 +90,17 @@ def test_inference_pool_validation():
         {"maxReplicas": 2, "gpusPerPod": 1, "template": {}, "load": {"targetPerReplica": 5, "source": "Prometheus"}},
     )
     assert load == ["spec.load.prometheus: is required when source is Prometheus"]
+    url = errors_of(
+        InferencePoolSpec,
+        {
+            "maxReplicas": 2,
+            "gpusPerPod": 1,
+            "template": {},
+            "load": {"targetPerReplica": 5, "source": "Prometheus", "prometheus": {"url": "http://x", "query": "up"}},
+        },
+    )
+    assert len(url) == 1 and url[0].startswith("spec.load.prometheus.url: no longer accepted"), url
+    assert "spec.load.prometheus.server" in url[0]
 
 
 def test_supernode_defaults():
@@ -97,3 +108,49 @@ def test_supernode_defaults():
     assert spec.accelerator == "nvidia.com/gpu"
     assert spec.spares.count == 0
     assert errors_of(SupernodeSpec, {"spares": {"count": -2}}) == ["spec.spares.count: must be >= 0"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"nodeName": "n0"}, "spec.template.spec.nodeName: must not be set"),
+        ({"nodeSelector": {"gpu": "h100"}}, "spec.template.spec.nodeSelector: must not be set"),
+        ({"schedulingGates": [{"name": "mine"}]}, "spec.template.spec.schedulingGates: must not be set"),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+                }
+            },
+            "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+        ),
+        (
+            {"containers": [{"name": "a"}, {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 1}}}]},
+            "spec.template.spec.containers[1].resources: only the first container may request nvidia.com/gpu",
+        ),
+        (
+            {
+                "containers": [{"name": "a"}],
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            },
+            "spec.template.spec.initContainers[0].resources: init containers must not request nvidia.com/gpu",
+        ),
+    ],
+)
+def test_pod_template_fields_tidal_owns_are_refused(spec, expected):
+    """The operator's own check (objects admitted before the CRD's CEL rules) matches the rules."""
+    for model, base in ((TrainingJobSpec, {"gpusPerPod": 1}), (InferencePoolSpec, {"gpusPerPod": 1, "maxReplicas": 1})):
+        problems = errors_of(model, {**base, "template": {"spec": spec}})
+        assert any(expected in p for p in problems), problems
+
+
+def test_pod_template_keeps_undeclared_fields_and_allows_gpus_on_the_first_container():
+    template = {
+        "metadata": {"labels": {"team": "a"}},
+        "spec": {
+            "containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 8}}}, {"name": "b"}],
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        },
+    }
+    spec = TrainingJobSpec.model_validate({"gpusPerPod": 1, "template": template})
+    assert spec.to_api()["template"] == template

@@ -131,6 +131,8 @@ TEMPLATE = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
 
 def day_cluster():
     cluster = FakeCluster("nvl72", 4)  # 4 racks x 72 GPUs
+    cluster.add_priority_class("training", 1)
+    cluster.add_priority_class("serving", 1000)
     cluster.add(
         "TrainingJob",
         "ml",
@@ -141,7 +143,7 @@ def day_cluster():
             "pp": 1,
             "dp": 4,
             "gpusPerPod": 4,
-            "priority": 1,
+            "priorityClassName": "training",
             "preemptible": True,
             "elastic": {"minDP": 1, "maxDP": 4},
             "checkpoint": {"gracePeriodSeconds": 600},
@@ -157,7 +159,7 @@ def day_cluster():
             "maxReplicas": 16,
             "tp": 8,
             "gpusPerPod": 4,
-            "priority": 1000,
+            "priorityClassName": "serving",
             "template": TEMPLATE,
             "schedule": {"timezone": "UTC", "windows": [{"start": "08:00", "end": "23:00", "minReplicas": 12}]},
         },

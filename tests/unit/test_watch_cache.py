@@ -7,6 +7,7 @@ from tidal.clock import FixedClock
 from tidal.k8s import labels
 from tidal.k8s.cache import build_snapshot, memberships
 from tidal.k8s.controller import Controller
+from tidal.k8s.manifests import owner_reference
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.state import pod_view
 from tidal.k8s.training import allocations
@@ -65,7 +66,13 @@ def cluster_state_without(cluster: FakeCluster, node: str):
 def test_pod_views_follow_events_without_a_full_listing():
     cache = WatchCache()
     body = {
-        "metadata": {"name": "j-0", "namespace": "ml", "uid": "u1", "labels": {labels.JOB: "j"}},
+        "metadata": {
+            "name": "j-0",
+            "namespace": "ml",
+            "uid": "u1",
+            "labels": {labels.JOB: "j"},
+            "ownerReferences": [owner_reference("TrainingJob", "j", "uid-j")],
+        },
         "spec": {"nodeName": "n1"},
         "status": {"phase": "Pending"},
     }
@@ -203,7 +210,8 @@ def test_a_queued_listing_supersedes_the_events_before_it_not_those_after():
     cache = WatchCache()
 
     def pod(name: str):
-        return pod_view({"metadata": {"name": name, "namespace": "x", "uid": name, "labels": {labels.JOB: "j"}}})
+        owner = [owner_reference("TrainingJob", "j", "uid-j")]
+        return pod_view({"metadata": {"name": name, "namespace": "x", "uid": name, "ownerReferences": owner}})
 
     cache.feed("pod", ("x", "old"), pod("old"))  # queued before the listing: in it, or superseded by it
     cache.resync(cluster.state())
@@ -248,3 +256,27 @@ def test_a_supernode_status_that_failed_to_write_is_written_by_the_next_cycle():
     cluster.calls.clear()
     run(cluster, controller, cycles=2)
     assert not [c for c in cluster.calls if c[0] == "patch_status"], "written once, then left alone"
+
+
+def test_a_pod_labelled_as_tidals_without_a_tidal_owner_holds_foreign_gpus():
+    """Ownership is the controller ownerReference: a tenant's label tidal.dev/job=x on its own
+    GPU pod must not make tidal stop counting that pod's GPUs (issue 13)."""
+    cache = WatchCache()
+    body = {
+        "metadata": {"name": "mine", "namespace": "t", "uid": "u", "labels": {labels.JOB: "x", labels.HBD_GROUP: "0"}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+        "status": {"phase": "Running"},
+    }
+    view = pod_view(body)
+    assert view.owner is None and view.group is None
+    cache.feed("pod", ("t", "mine"), view)
+    cache.drain()
+    assert cache.other_held["n1"]["nvidia.com/gpu"] == 4
+    assert cache.pods_of("TrainingJob", "t", "x") == []
+    # A foreign controller (a Job, a ReplicaSet) is not tidal's either.
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": "j", "controller": True}
+    ]
+    assert pod_view(body).owner is None
+    body["metadata"]["ownerReferences"] = [owner_reference("TrainingJob", "x", "uid-x")]
+    assert pod_view(body).owner == ("TrainingJob", "x")

@@ -126,6 +126,28 @@ def test_a_refused_domain_or_service_holds_back_only_its_own_jobs_pods():
         assert applied.withheld_pods == 1
 
 
+def test_a_refused_pool_domain_holds_back_that_pools_pods_only():
+    rec = Recorder(fail={"p-r0-cd"})
+    plan = ActionPlan()
+    plan.domain_creates.append(body("p-r0-cd", (labels.POOL, "p")))
+    plan.pod_creates.append(body("p-r0-0", (labels.POOL, "p")))
+    plan.pod_creates.append(body("q-r0-0", (labels.POOL, "q")))
+    plan.pod_creates.append(body("p-0", (labels.JOB, "p")))  # a job of the same name is another owner
+    applied = apply_actions(plan, rec, rec)
+    assert [n for v, n in rec.calls if v == "create_pod"] == ["q-r0-0", "p-0"]
+    assert applied.withheld_pods == 1
+
+
+def test_failed_deletes_are_reported_and_succeeded_domain_deletes_remembered():
+    rec = Recorder(fail={"gone-0", "gone-cd"})
+    plan = ActionPlan()
+    plan.pod_deletes += [("ns", "gone-0", None), ("ns", "gone-1", 0)]
+    plan.domain_deletes += [("ns", "gone-cd"), ("ns", "old-cd")]
+    applied = apply_actions(plan, rec, rec)
+    assert applied.failed_pod_deletes == {("ns", "gone-0")}
+    assert applied.deleted_domains == {("ns", "old-cd")}
+
+
 def test_a_refused_status_gets_its_job_no_domain_and_no_pods_and_stops_no_pool():
     rec = Recorder(refuse={"a"})
     plan = ActionPlan()

@@ -18,6 +18,8 @@ from typing import Any
 from tidal.clock import parse_time
 from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
+from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
+from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
@@ -67,12 +69,12 @@ def is_queued(view: ResourceView, status: dict[str, Any]) -> bool:
     )
 
 
-def queue_order(item: tuple[ResourceView, dict[str, Any]]) -> tuple:
+def queue_order(cyc: Cycle, item: tuple[ResourceView, dict[str, Any]]) -> tuple:
     view, status = item
     recovering = status.get("phase") == "Restarting"
     return (
         not recovering,
-        -int(view.spec.get("priority", 0)),
+        -cyc.priorities.of(view),
         # A job others are leaving for re-reserves its nodes before its equals (its movers) are tried.
         _schedulable_reason(status) not in WAITING,
         status.get("pendingSince") or view.created,
@@ -96,7 +98,7 @@ def running_gangs(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, 
         gangs.append(
             RunningGang(
                 name=view.uid,
-                priority=int(view.spec.get("priority", 0)),
+                priority=cyc.priorities.of(view),
                 preemptible=bool(view.spec.get("preemptible")),
                 replicas=tuple(tuple(r) for r in replicas),
                 min_replicas=elastic.get("minDP") if elastic else None,
@@ -125,7 +127,7 @@ def admit_queued(
     cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]], defrag_budget: Budget | None = None
 ) -> None:
     """`defrag_budget`: what defragmentation moves may still take; None turns defragmentation off."""
-    queue = sorted((item for item in statuses.values() if is_queued(*item)), key=queue_order)
+    queue = sorted((item for item in statuses.values() if is_queued(*item)), key=lambda item: queue_order(cyc, item))
     for view, status in queue:
         mark = retry_mark(cyc, view, status)
         if cyc.pending_memo.get(view.uid) == mark:
@@ -148,9 +150,17 @@ def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
     """What a queued job's answer depends on besides itself: it is tried again only when this
     moves (free GPUs went up somewhere, a lower-priority preemptible gang grew, an eviction
     started) or the job changed (spec generation, phase)."""
-    priority = int(view.spec.get("priority", 0))
+    priority = cyc.priorities.of(view)
     victims = sum(n for p, n in cyc.victims_added.items() if p < priority)
-    return (view.generation, status.get("phase", ""), cyc.snapshot.capacity_version, victims, cyc.evictions_started)
+    return (
+        view.generation,
+        status.get("phase", ""),
+        cyc.snapshot.capacity_version,
+        victims,
+        cyc.evictions_started,
+        cyc.priorities.version,  # a PriorityClass made or changed: its priority (or existence) moved
+        cyc.quotas.version,  # a ResourceQuota made or changed
+    )
 
 
 def _schedulable_reason(status: dict[str, Any]) -> str | None:
@@ -170,16 +180,26 @@ def _try_admit(
     problem = spec_problem(view)
     if problem:
         return _pending(cyc, view, status, "InvalidSpec", problem)
+    problem = cyc.priorities.problem(view)
+    if problem:  # its pods would be refused by the API server: nothing is booked or created
+        return _pending(cyc, view, status, UNKNOWN_PRIORITY_CLASS, problem)
     recovery = status["phase"] == "Restarting"
     elastic = view.spec.get("elastic")
     dps = [view.spec.get("dp", 1)]
     if elastic:
         dps += list(range(dps[0] - 1, elastic["minDP"] - 1, -1))
+    # The namespace's GPU quota, for the whole gang, before anything is booked or created: the API
+    # server would refuse the pods past the quota one by one and leave the gang half-made.
+    over_quota = [dp for dp in dps if cyc.quotas.problem(view, GangShape.of(view.spec, dp).world_size)]
+    if len(over_quota) == len(dps):
+        problem = cyc.quotas.problem(view, GangShape.of(view.spec, dps[-1]).world_size) or ""
+        return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
+    dps = [dp for dp in dps if dp not in over_quota]
     misses: list[Unplaceable] = []
     for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
         shape = GangShape.of(view.spec, dp)
         started = time.perf_counter()
-        plan = plan_gang(cyc.snapshot, job_request(view, shape, recovery=recovery))
+        plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
         cyc.placements_ms.append((time.perf_counter() - started) * 1000)
         if isinstance(plan, PlacementPlan):
             if not compact.fits(compact.encode(placement_of(plan))):
@@ -195,6 +215,8 @@ def _try_admit(
         misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
+    if over_quota:  # preemption and defragmentation plan for spec.dp, which the quota refuses
+        return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
     return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
 
 
@@ -202,6 +224,7 @@ def _admitted(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, plan: PlacementPlan
 ) -> dict[str, Any]:
     apply_plan(cyc.snapshot, plan)
+    cyc.quotas.book(view, shape.world_size)
     placement = placement_of(plan)
     summary = summary_fields(placement, shape)
     message = (
@@ -245,7 +268,7 @@ def _preempt_or_wait(
     defrag_budget: Budget | None = None,
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
-    request = job_request(view, shape, recovery=status["phase"] == "Restarting")
+    request = job_request(cyc, view, shape, recovery=status["phase"] == "Restarting")
     gangs, scratch = _preemption_inputs(cyc, statuses)
     own_victims = bool(_leaving_for(view, statuses))
     if own_victims or any(g.preemptible and g.priority < request.priority for g in gangs):
@@ -284,7 +307,7 @@ def _preempt(
             victim,
             victim_status,
             reason="Preempted",
-            by=f"{view.ref} (priority {view.spec.get('priority', 0)})",
+            by=f"{view.ref} (priority {cyc.priorities.of(view)})",
             replicas=replicas,
         )
         statuses[victim.uid] = (victim, new_victim)
@@ -399,7 +422,7 @@ def _movable(
             for r in status.get("evictionHistory", [])
         ):
             continue
-        again = job_request(view, shape_of(view, status), name=gang.name)
+        again = job_request(cyc, view, shape_of(view, status), name=gang.name)
         out.append(MovableGang(gang, again))
     return out
 

@@ -23,6 +23,13 @@ class DomainTerminating(RuntimeError):
     """A ComputeDomain of the wanted name exists but is being deleted."""
 
 
+class DomainOwnedElsewhere(DomainTerminating):
+    """A ComputeDomain of the wanted name exists but another owner controls it: typically a job
+    deleted and made again under the same name before the garbage collector removed the old job's
+    domain. Adopting it would be wrong twice: the garbage collector deletes it under the running
+    job. Handled as DomainTerminating: the pods wait, and the next cycle tries again."""
+
+
 COMPUTE_DOMAIN_GROUP = "resource.nvidia.com"
 COMPUTE_DOMAIN_VERSION = "v1beta1"
 COMPUTE_DOMAIN_PLURAL = "computedomains"
@@ -160,7 +167,8 @@ class Api:
 
         Raises DomainTerminating when one of that name is still being deleted (the driver's
         finalizer waits for its IMEX daemons): pods made now would claim a template about to go,
-        so the caller holds them back and tries again next cycle."""
+        so the caller holds them back and tries again next cycle. Likewise (DomainOwnedElsewhere)
+        when its controller ownerReference is not the body's owner (same name, other uid)."""
         self._count("create_compute_domain")
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
@@ -177,6 +185,11 @@ class Api:
         )
         if (existing.get("metadata") or {}).get("deletionTimestamp"):
             raise DomainTerminating(f"ComputeDomain {namespace}/{name} is still being deleted")
+        if not controlled_by_owner(existing, body):
+            raise DomainOwnedElsewhere(
+                f"ComputeDomain {namespace}/{name} is controlled by another owner (a deleted job of the same "
+                "name, not yet garbage collected?)"
+            )
         return False
 
     def delete_compute_domain(self, namespace: str, name: str) -> None:

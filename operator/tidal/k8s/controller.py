@@ -19,12 +19,14 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.pools import pool_allocations
+from tidal.k8s.pools import pool_allocations, pool_domain_held_nodes
+from tidal.k8s.priority import Priorities
+from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, reconcile_placed
+from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, prune_domains, reconcile_placed
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.k8s.write import Applied, apply_actions
 from tidal.rebalance import DemandTracker
@@ -40,6 +42,9 @@ class ControllerSettings:
     """/healthz fails when timers fire but no cycle has finished for this long."""
     defragment: bool = True
     """Move preemptible work (checkpoint-first) when a queued gang is blocked only by fragmentation."""
+    spec_priority: bool = False
+    """Honour the deprecated integer spec.priority (operator flag --spec-priority): only where every
+    tenant may outrank every other; otherwise priorities come from PriorityClasses alone."""
     resync_seconds: float = 300.0
     """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
 
@@ -96,6 +101,8 @@ class Controller:
         self.service_conflicts: dict[tuple[str, str], float] = {}
         self.domains = ComputeDomainSupport(self._probe_domains)
         self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+        self.domains_deleted: frozenset[tuple[str, str]] = frozenset()
+        """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -205,11 +212,16 @@ class Controller:
     def _reconcile_job(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any] | None:
         if holds_gpus(status):
             return reconcile_placed(cyc, view, status)
+        out = None
+        if status.get("staleComputeDomains"):  # released domains whose delete is not confirmed yet
+            pruned = prune_domains(cyc, view, status)
+            if pruned != status:
+                status = out = pruned
         if status.get("phase") == "Suspended" and not view.spec.get("suspend"):
             return {**status, "phase": "Pending", "reason": "resumed", "pendingSince": cyc.stamp}
         if status.get("phase", "Pending") in ("Pending", "") and view.spec.get("suspend"):
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
-        return None
+        return out
 
     def _cycle(self) -> CycleReport:
         started = time.monotonic()
@@ -241,6 +253,8 @@ class Controller:
             service_conflicts=self.service_conflicts,
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
+            priorities=self.priorities(),
+            domains_deleted_before=self.domains_deleted,
         )
         log.debug(
             "cycle",
@@ -273,6 +287,7 @@ class Controller:
             statuses[uid] = (view, new)
             cyc.write_status(view, new)
 
+        cyc.quotas = self._quotas(statuses, pools)
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
@@ -284,6 +299,9 @@ class Controller:
         for key, n in applied.counters.items():
             cyc.count(key, n)
         written = time.monotonic()
+        self.domains_deleted = frozenset(applied.deleted_domains)
+        for key in applied.failed_pod_deletes:
+            cyc.deleted_uids.discard(cyc.plan.delete_uids.get(key, ""))
         self._update_supernodes(cyc)
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
@@ -307,9 +325,31 @@ class Controller:
             log.warning("overbooked", gpus=report.overbooked_gpus)
         return report
 
+    def _quotas(self, statuses: Statuses, pools: Statuses) -> Quotas:
+        """Quotas of the namespaces that have any, with the GPUs held there: bookings from the
+        recorded placements (pods may not exist yet) and every other active GPU pod."""
+        cache = self.cache
+        limited = {q.namespace for q in cache.quotas.values() if q.hard}
+        if not limited:
+            return Quotas(version=cache.quota_version)
+        held: list[tuple[str, str, int]] = []
+        for items, allocs in ((statuses, allocations), (pools, pool_allocations)):
+            for view, status in items.values():
+                if view.namespace in limited and not view.deleting:
+                    gpus = sum(n for _, n in allocs(view, status))
+                    held.append((view.namespace, view.spec.get("accelerator", "nvidia.com/gpu"), gpus))
+        for pod in cache.pods.values():
+            if pod.owner is None and pod.active and pod.namespace in limited:
+                held.extend((pod.namespace, resource, n) for resource, n in pod.requests.items())
+        return Quotas.build(cache.quotas.values(), held, cache.quota_version)
+
+    def priorities(self) -> Priorities:
+        return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)
+
     def _book(self, statuses: Statuses, pools: Statuses) -> None:
         """GPUs booked by each workload's recorded placement, diffed only where a status changed."""
         keeper = self.keeper
+        priorities = self.priorities()
         for view, status in statuses.values():
             source = None if view.deleting else status
             grew = keeper.set_allocations(
@@ -319,10 +359,15 @@ class Controller:
                 lambda view=view, status=status: domain_held_nodes(view, status),
             )
             if grew and view.spec.get("preemptible"):
-                self.victims_added[int(view.spec.get("priority", 0))] += 1
+                self.victims_added[priorities.of(view)] += 1
         for view, status in pools.values():
             source = None if view.deleting else status
-            keeper.set_allocations(view.uid, source, pool_allocations(view, status) if source is not None else ())
+            keeper.set_allocations(
+                view.uid,
+                source,
+                pool_allocations(view, status) if source is not None else (),
+                lambda view=view, status=status: pool_domain_held_nodes(view, status),
+            )
         keeper.forget(set(statuses) | set(pools))
 
     def _settled_job(self, view: ResourceView, status: dict[str, Any], dirty_owners: set, moved: set[str]) -> bool:

@@ -19,6 +19,8 @@ from tidal.clock import rfc3339
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE
+from tidal.k8s.priority import Priorities
+from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.topology.snapshot import ClusterSnapshot
@@ -46,6 +48,9 @@ class ActionPlan:
     annotations: list[tuple[str, str | None, str, dict[str, str]]] = field(default_factory=list)
     """(kind, namespace, name, annotations); kind "Pod" for a pod."""
     pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
+    delete_uids: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(namespace, name) -> uid of each pod delete, so a failed delete is forgotten in
+    `Cycle.deleted_uids` and tried again (see write.Applied.failed_pod_deletes)."""
     domain_deletes: list[tuple[str, str]] = field(default_factory=list)
     """(namespace, name) of ComputeDomains to delete (after the pods that claimed them)."""
     domain_creates: list[dict[str, Any]] = field(default_factory=list)
@@ -103,6 +108,14 @@ class Cycle:
     """Supernodes whose own choice is to give jobs NVIDIA ComputeDomains (multi-node NVLink)."""
     domains_installed: Callable[[], bool] = lambda: False
     """Whether the ComputeDomain CRD is served (asked only when a job wants a domain)."""
+    priorities: Priorities = field(default_factory=Priorities)
+    """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
+    quotas: Quotas = field(default_factory=Quotas)
+    """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
+    domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
+    """(namespace, name) of ComputeDomains whose delete the previous cycle's write saw succeed (or
+    404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted
+    again, so a failed delete (or one lost to an operator restart) is retried, never leaked."""
 
     @property
     def stamp(self) -> str:
@@ -157,6 +170,7 @@ class Cycle:
             return
         node = self.state.nodes.get(pod.node or "")
         self.deleted_uids.add(pod.uid)
+        self.plan.delete_uids[(pod.namespace, pod.name)] = pod.uid
         self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
 
     scratch: dict[str, Any] = field(default_factory=dict)

@@ -32,7 +32,9 @@ import structlog
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s import kopf_startup
 from tidal.k8s.controller import Controller
-from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view
+from tidal.k8s.priority import priority_class_view
+from tidal.k8s.quota import quota_view
+from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view, tidal_controller
 from tidal.k8s.supernodes import discover
 
 log = structlog.get_logger("tidal")
@@ -69,7 +71,15 @@ object's events one at a time, index functions first, so the feed handler finds 
 
 # Our feed handlers succeed on every watch event; kopf logs each success at INFO (the index
 # functions they replace were terse). Failures are still logged.
-_QUIET = ("feed_nodes", "feed_pods", "feed_supernodes", "feed_jobs", "feed_pools")
+_QUIET = (
+    "feed_nodes",
+    "feed_pods",
+    "feed_supernodes",
+    "feed_jobs",
+    "feed_pools",
+    "feed_priority_classes",
+    "feed_quotas",
+)
 
 
 class _QuietFeeds(logging.Filter):
@@ -102,8 +112,7 @@ def tidal_nodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[s
 
 def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
     # Only pods that hold accelerators or belong to tidal: the rest never matter for placement.
-    labels = body.get("metadata", {}).get("labels") or {}
-    if any(k.startswith(f"{API_GROUP}/") for k in labels):
+    if tidal_controller(body.get("metadata", {})) is not None:
         return True
     for c in body.get("spec", {}).get("containers") or []:
         res = c.get("resources") or {}
@@ -139,6 +148,16 @@ def tidal_pools(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_
     return {(namespace, name): _indexed(memo, resource_view(dict(body)))}
 
 
+@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
+def tidal_priority_classes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    return {name: _indexed(memo, priority_class_view(dict(body)))}
+
+
+@kopf.index("", "v1", "resourcequotas")
+def tidal_quotas(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): _indexed(memo, quota_view(dict(body)))}
+
+
 # async: on the event loop, after kopf stored the event in the index (see the module docstring).
 @kopf.on.event("", "v1", "nodes")
 async def feed_nodes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -171,6 +190,18 @@ async def feed_pools(
     _feed(memo, event, "pool", (namespace, name), resource_view, body)
 
 
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
+async def feed_priority_classes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _feed(memo, event, "priorityclass", name, priority_class_view, body)
+
+
+@kopf.on.event("", "v1", "resourcequotas")
+async def feed_quotas(
+    namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    _feed(memo, event, "quota", (namespace, name), quota_view, body)
+
+
 def _single(index: kopf.Index) -> dict[Any, Any]:
     return {key: value for key, store in index.items() for value in store}
 
@@ -182,6 +213,8 @@ def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
         supernodes=_single(indices["tidal_supernodes"]),
         jobs=_single(indices["tidal_jobs"]),
         pools=_single(indices["tidal_pools"]),
+        priority_classes=_single(indices["tidal_priority_classes"]),
+        quotas=_single(indices["tidal_quotas"]),
     )
 
 

@@ -43,6 +43,7 @@ def pinned_pod(
     owner: dict[str, Any],
     env: dict[str, str],
     subdomain: str | None = None,
+    priority_class_name: str | None = None,
 ) -> dict[str, Any]:
     """A pod from the user's template, gated and pinned to `node`, with the tidal env and labels."""
     template = copy.deepcopy(template or {})
@@ -58,6 +59,8 @@ def pinned_pod(
             "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
         },
     }
+    if priority_class_name:  # the workload's class (validated to exist before any pod is made)
+        spec["priorityClassName"] = priority_class_name
     if subdomain:
         spec["hostname"] = name
         spec["subdomain"] = subdomain
@@ -131,6 +134,7 @@ def training_pods(
                 owner=owner,
                 env=env,
                 subdomain=job,
+                priority_class_name=spec.get("priorityClassName"),
             )
             template = (claims or {}).get(group)
             if template:
@@ -138,8 +142,11 @@ def training_pods(
     return pods
 
 
-def compute_domain(namespace: str, owner_uid: str, job: str, domain: DomainPlan) -> dict[str, Any]:
-    """The NVIDIA ComputeDomain of one job on one supernode, owned by the job (deleted with it).
+def compute_domain(
+    namespace: str, owner_uid: str, job: str, domain: DomainPlan, kind: str = "TrainingJob"
+) -> dict[str, Any]:
+    """The NVIDIA ComputeDomain of one job on one supernode (or of one InferencePool replica,
+    `kind`), owned by the job or pool (deleted with it).
 
     numNodes stays 0, as the driver recommends with its default IMEXDaemonsWithDNSNames: each
     pod is released once the IMEX daemon of its own node runs, so nothing waits for a count."""
@@ -149,10 +156,10 @@ def compute_domain(namespace: str, owner_uid: str, job: str, domain: DomainPlan)
         "metadata": {
             "name": domain.name,
             "namespace": namespace,
-            "labels": {labels.JOB: job, labels.MANAGED_BY: "tidal"},
+            "labels": {labels.POOL if kind == "InferencePool" else labels.JOB: job, labels.MANAGED_BY: "tidal"},
             # An annotation, not a label: a supernode's name may be longer than a label value.
             "annotations": {labels.SUPERNODE: domain.supernode},
-            "ownerReferences": [owner_reference("TrainingJob", job, owner_uid)],
+            "ownerReferences": [owner_reference(kind, job, owner_uid)],
         },
         "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": domain.template}}},
     }

@@ -9,8 +9,11 @@ cluster-wide (`--namespace` filters what it serves), so the object is a ClusterK
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 GROUP, VERSION, PLURAL = "kopf.dev", "v1", "clusterkopfpeerings"
@@ -24,9 +27,29 @@ class PeeringUnavailable(RuntimeError):
     """The peering object is missing and cannot be created: the operator must not start idle."""
 
 
-def ensure_peering(custom_objects: Any, name: str) -> bool:
+def ensure_peering(
+    custom_objects: Any, name: str, attempts: int = 6, sleep: Callable[[float], None] = time.sleep
+) -> bool:
     """True when this call created the ClusterKopfPeering, False when it existed. Raises
-    PeeringUnavailable when it is missing and cannot be made (no CRD, or no permission)."""
+    PeeringUnavailable when it is missing and cannot be made (no CRD, or no permission).
+
+    A transient answer (5xx, 429, a dropped connection) is retried with backoff: exiting on one,
+    as it did, made the operator crash-loop at start-up whenever the API server hiccuped
+    (found by bench.faults)."""
+    for attempt in range(attempts):
+        try:
+            return _ensure_once(custom_objects, name)
+        except (ApiException, OSError, urllib3.exceptions.HTTPError) as exc:
+            transient = (
+                not isinstance(exc, ApiException) or exc.status is None or exc.status >= 500 or exc.status == 429
+            )
+            if not transient or attempt == attempts - 1:
+                raise
+            sleep(min(2**attempt, 10))
+    raise AssertionError("unreachable")
+
+
+def _ensure_once(custom_objects: Any, name: str) -> bool:
     try:
         custom_objects.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
         return False
@@ -39,6 +62,8 @@ def ensure_peering(custom_objects: Any, name: str) -> bool:
     except ApiException as exc:
         if exc.status == 409:  # another replica made it first
             return False
+        if exc.status is not None and (exc.status >= 500 or exc.status == 429):
+            raise  # transient: ensure_peering tries again
         raise PeeringUnavailable(_explain(name, exc)) from exc
     return True
 

@@ -9,19 +9,28 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import structlog
 from pydantic import ValidationError
 
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle
-from tidal.k8s.manifests import owner_reference, pinned_pod
+from tidal.k8s.manifests import compute_domain, owner_reference, pinned_pod
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import set_condition
+from tidal.k8s.training import hold_whole, prune_domains
 from tidal.model import InferencePoolSpec, describe_errors
+from tidal.placement.compute_domains import DomainPlan, add_channel_claim, replica_domain
 
 LOAD_ANNOTATION = "tidal.dev/load-rps"
 PROMETHEUS_TIMEOUT_SECONDS = 2.0
+PROMETHEUS_MAX_BYTES = 1 << 20
+"""A larger answer is refused unread: one instant sample is a few hundred bytes."""
+
+QueryFn = Callable[[str, str], float]
+log = structlog.get_logger("tidal")
 
 
 def replica_pod_name(pool: str, replica: int, index: int) -> str:
@@ -43,8 +52,15 @@ def spec_problem(view: ResourceView) -> str | None:
     return None
 
 
-def read_load(view: ResourceView, query_prometheus=None) -> tuple[float | None, str | None]:
-    """(requests per second, error) from the pool's load source."""
+def read_load(
+    view: ResourceView, sources: Mapping[str, str] | None = None, query_prometheus: QueryFn | None = None
+) -> tuple[float | None, str | None]:
+    """(requests per second, error) from the pool's load source.
+
+    `sources`: Prometheus load source name -> base URL, as configured by the cluster admin. The
+    error is written into the pool's status, which its tenant reads: it never carries what the
+    remote answered (the detail goes to the operator's log), so a source cannot be used to read
+    anything back through tidal."""
     load = view.spec.get("load")
     if not load:
         return None, None
@@ -56,24 +72,35 @@ def read_load(view: ResourceView, query_prometheus=None) -> tuple[float | None, 
             return max(float(raw), 0.0), None
         except ValueError:
             return None, f"annotation {LOAD_ANNOTATION}={raw!r} is not a number"
+    prometheus = load.get("prometheus") or {}
+    server = prometheus.get("server")
+    url = (sources or {}).get(server or "")
+    if url is None:
+        configured = ", ".join(sorted(sources or {})) or "none"
+        return None, f"load source {server!r} is not configured in the operator (configured: {configured})"
     query = query_prometheus or prometheus_instant
     try:
-        return query(load["prometheus"]["url"], load["prometheus"]["query"]), None
+        return query(url, prometheus["query"]), None
     except Exception as e:  # a broken signal must not stop the cycle; the schedule floor still holds
-        return None, f"prometheus query failed: {e}"
+        log.warning("load query failed", pool=view.ref, server=server, error=str(e))
+        return None, f"query to Prometheus load source {server!r} failed ({type(e).__name__}); see the operator log"
 
 
 def prometheus_instant(url: str, query: str) -> float:
     full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
     with urllib.request.urlopen(full, timeout=PROMETHEUS_TIMEOUT_SECONDS) as response:
-        body = json.load(response)
+        raw = response.read(PROMETHEUS_MAX_BYTES + 1)
+    if len(raw) > PROMETHEUS_MAX_BYTES:
+        raise ValueError(f"the answer is larger than {PROMETHEUS_MAX_BYTES} bytes")
+    body = json.loads(raw)
     results = body["data"]["result"]
     if not results:
         raise ValueError("the query returned no sample")
     return float(results[0]["value"][1])
 
 
-def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def replica_pods(view: ResourceView, replica: dict[str, Any], claim: str | None = None) -> dict[str, dict[str, Any]]:
+    """The replica's pods; `claim`: the ResourceClaimTemplate of its ComputeDomain, if it has one."""
     spec = view.spec
     gpp = spec["gpusPerPod"]
     world = spec.get("tp", 1) * spec.get("ep", 1)
@@ -104,8 +131,62 @@ def replica_pods(view: ResourceView, replica: dict[str, Any]) -> dict[str, dict[
                 "WORLD_SIZE": str(world),
                 "LOCAL_WORLD_SIZE": str(gpp),
             },
+            priority_class_name=spec.get("priorityClassName"),
         )
+        if claim:
+            add_channel_claim(pods[name]["spec"], claim)  # the first container holds the GPUs
     return pods
+
+
+def pool_domain_held_nodes(view: ResourceView, status: dict[str, Any]) -> set[str]:
+    """Nodes the pool holds whole for its recorded replica ComputeDomains (for the bookings)."""
+    recorded = set(status.get("computeDomains") or [])
+    return {
+        node
+        for r in status.get("placement") or []
+        if (d := replica_domain(view.name, r["group"], r["supernode"], r["nodes"], True)) and d.name in recorded
+        for node in r["nodes"]
+    }
+
+
+def _wanted_domains(cyc: Cycle, view: ResourceView, replicas: list[dict[str, Any]]) -> dict[int, DomainPlan]:
+    """Replica id -> its ComputeDomain, for replicas spanning several nodes of a supernode that
+    wants domains; none without the CRD (pods then run unclaimed, as a TrainingJob's do)."""
+    wanted = {}
+    for r in replicas:
+        on = r["supernode"] in cyc.domain_supernodes
+        domain = replica_domain(view.name, r["group"], r["supernode"], r["nodes"], on)
+        if domain is not None:
+            wanted[r["group"]] = domain
+    if wanted and not cyc.domains_installed():
+        return {}
+    return wanted
+
+
+def _sync_domains(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], replicas: list[dict[str, Any]], pods: dict[str, PodView]
+) -> dict[int, DomainPlan]:
+    """The kept replicas' ComputeDomains in use (status updated in place): a replica's domain is in
+    use when a pod of it claims it or is about to be made (pods made before it was wanted keep
+    running unclaimed until remade); a removed replica's domain is deleted, kept in
+    status.staleComputeDomains until the delete is seen to succeed, as a TrainingJob's."""
+    wanted = _wanted_domains(cyc, view, replicas)
+    by_id = {r["group"]: r for r in replicas}
+
+    def in_use(replica: int, domain: DomainPlan) -> bool:
+        names = [replica_pod_name(view.name, replica, i) for i in range(len(by_id[replica]["nodes"]))]
+        return any(pods.get(n) is None or pods[n].domain_claim == domain.template for n in names)
+
+    live = {g: d for g, d in wanted.items() if in_use(g, d)}
+    keep = {d.name for d in live.values()}
+    stale = set(status.pop("staleComputeDomains", None) or []) | set(status.get("computeDomains") or [])
+    status.update(prune_domains(cyc, view, {"staleComputeDomains": sorted(stale - keep)}))
+    if keep:
+        status["computeDomains"] = sorted(keep)
+    else:
+        status.pop("computeDomains", None)
+    hold_whole(cyc, {node for g in live for node in by_id[g]["nodes"]})
+    return live
 
 
 def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desired: int) -> dict[str, Any]:
@@ -152,7 +233,8 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     expected: dict[str, str] = {}
     for r in keep:
         expected.update(expected_by_replica[r["group"]])
-    _sync_pods(cyc, view, keep, pods, expected)
+    domains = _sync_domains(cyc, view, status, keep, pods)
+    _sync_pods(cyc, view, keep, pods, expected, domains)
     _label_roles(cyc, view, keep, pods)
     status["placement"] = keep
     status["placedReplicas"] = len(keep)
@@ -166,16 +248,22 @@ def _sync_pods(
     replicas: list[dict[str, Any]],
     pods: dict[str, PodView],
     expected: dict[str, str],
+    domains: dict[int, DomainPlan],
 ) -> None:
     cyc.delete_stale_pods(pods, expected)
+    namespace = view.namespace or "default"
     for r in replicas:  # each replica is its own gang; manifests only for missing pods
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
-        cyc.sync_gang(
-            view.namespace or "default",
+        domain = domains.get(r["group"])
+        claim = domain.template if domain else None
+        missing = cyc.sync_gang(
+            namespace,
             pods,
             {n: expected[n] for n in names},
-            lambda missing, r=r: _pick(replica_pods(view, r), missing),
+            lambda missing, r=r, claim=claim: _pick(replica_pods(view, r, claim), missing),
         )
+        if missing and domain is not None:  # idempotent (409); made at the flush before the pods
+            cyc.ensure_compute_domain(compute_domain(namespace, view.uid, view.name, domain, kind="InferencePool"))
 
 
 def role_of(index: int) -> str:
@@ -200,14 +288,23 @@ def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups:
     """Record newly placed replicas (GroupAssignments) with fresh replica ids, and create their pods."""
     placement = list(status.get("placement") or [])
     used = {r["group"] for r in placement}
+    domains = set(status.get("computeDomains") or [])
     next_id = 0
     for g in groups:
         while next_id in used:
             next_id += 1
         replica = {"group": next_id, "supernode": g.supernode, "nodes": list(g.nodes)}
         placement.append(replica)
-        cyc.pod_creates.extend(replica_pods(view, replica).values())
+        domain = _wanted_domains(cyc, view, [replica]).get(next_id)
+        if domain is not None:
+            namespace = view.namespace or "default"
+            cyc.ensure_compute_domain(compute_domain(namespace, view.uid, view.name, domain, kind="InferencePool"))
+            hold_whole(cyc, set(replica["nodes"]))
+            domains.add(domain.name)
+        cyc.pod_creates.extend(replica_pods(view, replica, domain.template if domain else None).values())
         used.add(next_id)
+    if domains:
+        status = {**status, "computeDomains": sorted(domains)}
     return {
         **status,
         "placement": sorted(placement, key=lambda r: r["group"]),

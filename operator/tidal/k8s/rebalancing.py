@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import parse_time
@@ -14,7 +15,10 @@ from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, with
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
+from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
+from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
+from tidal.k8s.status import set_condition
 from tidal.k8s.training import groups_of_replicas, holds_gpus, job_request, shape_of, start_eviction, summary_fields
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
@@ -29,6 +33,8 @@ class RebalanceSettings:
     """Most training GPUs the rebalancer may evict in any hour; None means no limit."""
     expand_cooldown: dt.timedelta = dt.timedelta(minutes=10)
     """An elastic job shrunk by the rebalancer is not grown back sooner than this."""
+    load_sources: Mapping[str, str] = field(default_factory=dict)
+    """Prometheus load source name -> base URL (operator flag --load-source): pools name one."""
 
 
 DISRUPTIONS = frozenset({REBALANCED, DEFRAGMENTED})
@@ -64,17 +70,20 @@ def rebalance_pools(
     """Reconcile every pool and grow those below desired. True if any pool still waits for GPUs."""
     waiting = False
     tracker.forget({view.uid for view, _ in pools.values()})
-    order = sorted(pools.values(), key=lambda item: (-int(item[0].spec.get("priority", 1000)), item[0].created))
+    order = sorted(pools.values(), key=lambda item: (-cyc.priorities.of(item[0]), item[0].created))
     for view, status in order:
         if view.deleting:
             continue
-        problem = spec_problem(view)
+        problem = spec_problem(view) or cyc.priorities.problem(view)
         if problem:
-            new = {**status, "reason": problem}
+            # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
+            reason = UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
+            conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, problem, cyc.stamp)
+            new = {**status, "reason": problem, "conditions": conditions}
             pools[view.uid] = (view, new)
             cyc.write_status(view, new)
             continue
-        rate, error = read_load(view)
+        rate, error = read_load(view, settings.load_sources)
         raw, why = desired_replicas(view.spec, cyc.now, rate)
         desired = tracker.stabilized(view.uid, cyc.now, raw)
         if desired > raw:
@@ -87,10 +96,30 @@ def rebalance_pools(
                 k: v for k, v in {"currentRate": rate, "observedAt": cyc.stamp, "error": error}.items() if v is not None
             }
         need = desired - new["placedReplicas"]
+        replica_gpus = view.spec.get("tp", 1) * view.spec.get("ep", 1)
+        room = cyc.quotas.room(view)
+        quota_problem = None
+        if need > 0 and room is not None and need * replica_gpus > room:
+            # Only whole replicas within the namespace's quota (no replica half-created).
+            quota_problem = cyc.quotas.problem(view, need * replica_gpus)
+            need = room // replica_gpus
+            new["reason"] = f"{new['reason']}; {quota_problem}"
         if need > 0:
+            placed = new["placedReplicas"]
             new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
+            cyc.quotas.book(view, (new["placedReplicas"] - placed) * replica_gpus)
             waiting |= still_waiting
-        new["conditions"] = pool_conditions(new, cyc.stamp)
+        conditions = [  # the problem that held it back is gone
+            c
+            for c in pool_conditions(new, cyc.stamp)
+            if not (
+                c["type"] == "Schedulable"
+                and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec", QUOTA_EXCEEDED)
+            )
+        ]
+        if quota_problem:
+            conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
+        new["conditions"] = conditions
         # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
         new["replicas"] = new["placedReplicas"]
         new["selector"] = selector_string(leader_selector(view.name))
@@ -102,7 +131,7 @@ def rebalance_pools(
     return waiting
 
 
-def _request(view: ResourceView, replicas: int) -> GangRequest:
+def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:
     spec = view.spec
     return GangRequest(
         view.ref,
@@ -110,7 +139,7 @@ def _request(view: ResourceView, replicas: int) -> GangRequest:
         group_gpus=spec.get("tp", 1) * spec.get("ep", 1),
         gpus_per_pod=spec["gpusPerPod"],
         accelerator=spec.get("accelerator", "nvidia.com/gpu"),
-        priority=int(spec.get("priority", 1000)),
+        priority=cyc.priorities.of(view),
     )
 
 
@@ -118,7 +147,7 @@ def _grow(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], need: int, jobs: Statuses, settings: RebalanceSettings
 ) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
-    free = plan_capacity(cyc.snapshot, _request(view, need), [], None)
+    free = plan_capacity(cyc.snapshot, _request(cyc, view, need), [], None)
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
     if free.placement is not None:
         apply_plan(cyc.snapshot, free.placement)
@@ -130,7 +159,7 @@ def _grow(
         return status, False
     left = budget_left(cyc, jobs, settings)
     scratch = without_evictions_in_flight(cyc, jobs)
-    plan = plan_capacity(scratch, _request(view, remaining), running_gangs(cyc, jobs), left)
+    plan = plan_capacity(scratch, _request(cyc, view, remaining), running_gangs(cyc, jobs), left)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}
     for eviction in plan.evictions:
         victim, victim_status = by_uid[eviction.gang]
@@ -158,7 +187,7 @@ def _grow(
 
 def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> None:
     """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs."""
-    for view, status in sorted(jobs.values(), key=lambda i: (-int(i[0].spec.get("priority", 0)), i[0].created)):
+    for view, status in sorted(jobs.values(), key=lambda i: (-cyc.priorities.of(i[0]), i[0].created)):
         if view.deleting or status.get("phase") != "Running" or status.get("eviction") or view.spec.get("suspend"):
             continue
         shape = shape_of(view, status)
@@ -174,12 +203,15 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             continue
         for dp in range(target, shape.dp, -1):
             bigger = GangShape.of(view.spec, dp)
+            if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
+                continue  # grown only within the namespace's GPU quota
             groups = tuple(range(shape.groups, bigger.groups))
-            request = job_request(view, shape, group_ids=groups)
+            request = job_request(cyc, view, shape, group_ids=groups)
             plan = plan_gang(cyc.snapshot, request)
             if not isinstance(plan, PlacementPlan):
                 continue
             apply_plan(cyc.snapshot, plan)
+            cyc.quotas.book(view, bigger.world_size - shape.world_size)
             placement = [
                 *status["placement"],
                 *({"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups),

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import socket
 from pathlib import Path
 
 from tidal.clock import FileClock, SystemClock
 from tidal.logging import configure as configure_logging
+from tidal.model.inference_pool import LOAD_SOURCE_NAME
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,12 +29,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.standalone and not _peering_ready(api, args):
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
-    rebalance = RebalanceSettings(disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour)
+    rebalance = RebalanceSettings(
+        disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour,
+        load_sources=load_sources(args.load_source),
+    )
     settings = ControllerSettings(
         min_cycle_seconds=args.cycle_seconds,
         rebalance=rebalance,
         supernode_label=args.supernode_label,
         max_cycle_age_seconds=args.max_cycle_age,
+        spec_priority=args.spec_priority,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
@@ -73,6 +79,17 @@ def _peering_ready(api: object, args: argparse.Namespace) -> bool:
     if created:
         log.warning(f"created the missing ClusterKopfPeering {args.peering_name!r}: replicas peer through it")
     return True
+
+
+def load_sources(values: list[str]) -> dict[str, str]:
+    """NAME=URL pairs of --load-source: the only addresses a pool's Prometheus load query goes to."""
+    sources: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not re.fullmatch(LOAD_SOURCE_NAME, name) or not url.startswith(("http://", "https://")):
+            raise SystemExit(f"--load-source {value!r}: expected NAME=http(s)://host[:port][/path], NAME a DNS label")
+        sources[name] = url
+    return sources
 
 
 def peering_priority(value: str) -> int:
@@ -127,6 +144,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="most training GPUs the rebalancer may evict per hour (default: no limit)",
+    )
+    parser.add_argument(
+        "--load-source",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="a Prometheus server InferencePools may query for load, by NAME (repeatable); pools never name URLs",
+    )
+    parser.add_argument(
+        "--spec-priority",
+        action="store_true",
+        help="honour the deprecated integer spec.priority of workloads without spec.priorityClassName "
+        "(only where every tenant may outrank every other)",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument(

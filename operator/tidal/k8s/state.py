@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidal import API_GROUP
 from tidal.k8s import labels
+from tidal.placement.compute_domains import CLAIM_NAME
 
 
 def _quantity(value: Any) -> int:
@@ -42,10 +44,14 @@ class PodView:
     terminating: bool
     requests: dict[str, int]
     owner: tuple[str, str] | None
-    """(kind, name) of a tidal owner: ("TrainingJob" | "InferencePool", name)."""
+    """(kind, name) of the tidal workload controlling the pod (its controller ownerReference):
+    ("TrainingJob" | "InferencePool", name)."""
     group: int | None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    domain_claim: str | None = None
+    """The ResourceClaimTemplate of its ComputeDomain channel claim, if it has one: a pod made
+    before its job's domain was wanted has none (pod specs are immutable) until it is made again."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -111,6 +117,26 @@ def _pinned_node(spec: dict[str, Any]) -> str | None:
     return None
 
 
+OWNER_KINDS = frozenset({"TrainingJob", "InferencePool"})
+
+
+def tidal_controller(meta: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(kind, name, uid) of the TrainingJob or InferencePool controlling the pod, from its
+    controller ownerReference, never from labels: any tenant may label its own GPU pods
+    tidal.dev/job=x, and a pod tidal counts as its own holds GPUs tidal counts only through the
+    owner's recorded placement. An ownerReference names an object of the pod's own namespace by
+    uid: the garbage collector deletes a pod whose owner does not exist, and tidal deletes any pod
+    of its workloads it did not place (`Cycle.delete_stale_pods`)."""
+    for ref in meta.get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and str(ref.get("apiVersion", "")).startswith(f"{API_GROUP}/")
+            and ref.get("kind") in OWNER_KINDS
+        ):
+            return ref["kind"], ref.get("name", ""), ref.get("uid", "")
+    return None
+
+
 def pod_view(body: dict[str, Any]) -> PodView:
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
     requests: dict[str, int] = {}
@@ -121,12 +147,10 @@ def pod_view(body: dict[str, Any]) -> PodView:
             if "/" in name:
                 requests[name] = requests.get(name, 0) + _quantity(qty)
     pod_labels = dict(meta.get("labels") or {})
-    owner = None
-    if labels.JOB in pod_labels:
-        owner = ("TrainingJob", pod_labels[labels.JOB])
-    elif labels.POOL in pod_labels:
-        owner = ("InferencePool", pod_labels[labels.POOL])
-    group = pod_labels.get(labels.HBD_GROUP)
+    controller = tidal_controller(meta)
+    owner = (controller[0], controller[1]) if controller else None
+    # The group label is read only on pods a tidal workload controls (any tenant can set labels).
+    group = pod_labels.get(labels.HBD_GROUP) if owner else None
     bound_node = spec.get("nodeName")
     return PodView(
         namespace=meta.get("namespace", ""),
@@ -142,6 +166,14 @@ def pod_view(body: dict[str, Any]) -> PodView:
         group=int(group) if group is not None and group.isdigit() else None,
         labels=pod_labels,
         annotations=dict(meta.get("annotations") or {}),
+        domain_claim=next(
+            (
+                c.get("resourceClaimTemplateName")
+                for c in spec.get("resourceClaims") or []
+                if c.get("name") == CLAIM_NAME
+            ),
+            None,
+        ),
     )
 
 
@@ -171,6 +203,10 @@ class ClusterState:
     supernodes: dict[str, ResourceView] = field(default_factory=dict)
     jobs: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
     pools: dict[tuple[str | None, str], ResourceView] = field(default_factory=dict)
+    priority_classes: dict[str, Any] = field(default_factory=dict)
+    """PriorityClass name -> tidal.k8s.priority.PriorityClassView."""
+    quotas: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """(namespace, name) -> tidal.k8s.quota.QuotaView of every ResourceQuota."""
 
     _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
 

@@ -37,6 +37,7 @@ def shape_of(view: ResourceView, status: dict[str, Any]) -> GangShape:
 
 
 def job_request(
+    cyc: Cycle,
     view: ResourceView,
     shape: GangShape,
     *,
@@ -46,11 +47,12 @@ def job_request(
     name: str | None = None,
 ) -> GangRequest:
     """The placement request of a TrainingJob's gang (or of `group_ids` only): the job's
-    accelerator and priority on its shape's groups. `name` defaults to the job's namespace/name."""
+    accelerator and priority on its shape's groups. `name` defaults to the job's namespace/name.
+    The priority is the one its PriorityClass gives (`cyc.priorities`), never a tenant's integer."""
     return shape.request(
         name or view.ref,
         accelerator=view.spec.get("accelerator", "nvidia.com/gpu"),
-        priority=int(view.spec.get("priority", 0)),
+        priority=cyc.priorities.of(view),
         recovery=recovery,
         group_ids=group_ids,
         prefer_supernodes=prefer_supernodes,
@@ -113,7 +115,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
 
     ppg = shape.pods_per_group
-    domains = _sync_domains(cyc, view, status)
+    domains = _sync_domains(cyc, view, status, pods, ppg)
     expected = {
         pod_name(view.name, g * ppg + i): node
         for g, entry in placement.items()
@@ -122,6 +124,14 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
     if broken:
         return _restart(cyc, view, status, shape, broken, pods)
+    displaced = _displaced_groups(cyc, view, shape, placement, pods)
+    if displaced:
+        why = "; ".join(f"group {g}: {r}" for g, r in sorted(displaced.items()))
+        replaced = _replace_groups(cyc, view, status, shape, sorted(displaced), pods)
+        if replaced is None:  # no room elsewhere either: give the gang back and queue it again
+            return _restart(cyc, view, status, shape, displaced, pods)
+        cyc.event(view, "Replaced", f"re-placed {len(displaced)} group(s) whose GPUs others took: {why}", warning=True)
+        return {**replaced, "reason": why}
 
     def build(names: list[str]) -> list[dict[str, Any]]:
         # Manifests (a deep copy of the template each) only for the groups that miss a pod.
@@ -167,9 +177,18 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     return status
 
 
-def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, DomainPlan]:
-    """The job's ComputeDomains, one per supernode it uses that wants one (status updated in place):
-    domains no placed group needs any more are deleted, their nodes held whole in this cycle.
+def _sync_domains(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView], ppg: int
+) -> dict[str, DomainPlan]:
+    """The job's ComputeDomains in use, one per supernode it uses that wants one (status updated
+    in place): domains no placed group needs any more are deleted, their nodes held whole in this
+    cycle.
+
+    A domain is in use only when some pod of its groups claims it or is about to be made (and
+    the domain with it): pods made before the domain was wanted (an upgrade, a clique label or
+    the CRD appearing later) keep running unclaimed, as a pod spec is immutable, so no domain is
+    made, reported or booked for them (condition reason PodsPredateDomain) until they are made
+    again, say at a restart.
 
     Pods are ungated without waiting for a domain's status to say Ready: the driver makes a domain
     Ready only once IMEX daemons run on the nodes of its pods, which needs the pods scheduled first
@@ -196,11 +215,29 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
                 conditions, "ComputeDomain", False, "CRDNotInstalled", message, cyc.stamp
             )
         wanted = {}
-    for name in stale_domains(recorded, wanted):
-        cyc.delete_compute_domain(view.namespace, name)
-    names = [d.name for d in wanted.values()]
-    if names:
-        status["computeDomains"] = names
+    placement = {g["group"]: g for g in status["placement"]}
+    live = {sn: d for sn, d in wanted.items() if _domain_in_use(view.name, d, placement, pods, ppg)}
+    predate = sorted(d.name for sn, d in wanted.items() if sn not in live)
+    # A stale name stays recorded until a delete of it is seen to succeed: a failed delete is
+    # retried next cycle, and an operator restarted in between finds it in the status.
+    # A name in use again leaves the list (being made again, it waits for the old one to go);
+    # one recorded but claimed by no pod (recorded by an earlier version) is deleted as unused.
+    stale = set(status.pop("staleComputeDomains", None) or []) | set(stale_domains(recorded, live))
+    status.update(prune_domains(cyc, view, {"staleComputeDomains": sorted(stale - {d.name for d in live.values()})}))
+    names = [d.name for d in live.values()]
+    if predate:
+        made = f"; made: {', '.join(names)}" if names else ""
+        status["conditions"] = set_condition(
+            status.get("conditions", []),
+            "ComputeDomain",
+            False,
+            "PodsPredateDomain",
+            f"the pods on the supernode(s) of {', '.join(predate)} were made without an IMEX channel claim "
+            f"(before a ComputeDomain was wanted there): they get one when they are made again, at their next "
+            f"restart{made}",
+            cyc.stamp,
+        )
+    elif names:
         status["conditions"] = set_condition(
             status.get("conditions", []),
             "ComputeDomain",
@@ -209,13 +246,44 @@ def _sync_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
             f"{len(names)} ComputeDomain(s), one per NVLink supernode: {', '.join(names)}",
             cyc.stamp,
         )
+    if names:
+        status["computeDomains"] = names
     else:
         status.pop("computeDomains", None)
-    _hold_whole(cyc, exclusive_nodes(wanted, status["placement"]))
-    return wanted
+    hold_whole(cyc, exclusive_nodes(live, status["placement"]))
+    return live
 
 
-def _hold_whole(cyc: Cycle, nodes: set[str]) -> None:
+def _domain_in_use(
+    job: str, domain: DomainPlan, placement: dict[int, dict[str, Any]], pods: dict[str, PodView], ppg: int
+) -> bool:
+    """Some pod of the domain's groups claims its channel, or is missing (made this cycle, with the
+    claim, right after the domain)."""
+    for g in domain.groups:
+        for i in range(len(placement[g]["nodes"])):
+            pod = pods.get(pod_name(job, g * ppg + i))
+            if pod is None or pod.domain_claim == domain.template:
+                return True
+    return False
+
+
+def prune_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dict[str, Any]:
+    """Delete the job's status.staleComputeDomains; a name leaves the list only once the previous
+    cycle's flush saw its delete succeed (or answer 404), so nothing is leaked by a failed delete
+    or a restart. Needs no watch or list of ComputeDomains (the operator's RBAC has neither)."""
+    left = []
+    for name in status.get("staleComputeDomains") or []:
+        if (view.namespace, name) in cyc.domains_deleted_before:
+            continue
+        left.append(name)
+        cyc.delete_compute_domain(view.namespace, name)
+    out = {k: v for k, v in status.items() if k != "staleComputeDomains"}
+    if left:
+        out["staleComputeDomains"] = left
+    return out
+
+
+def hold_whole(cyc: Cycle, nodes: set[str]) -> None:
     """Book a node held by a ComputeDomain whole in this cycle's snapshot, as the next cycle's
     booking does (the driver lets a node serve one domain at a time): no other gang placed later
     in this cycle may share it. A no-op when pods take whole nodes (4 GPUs per pod on GB200)."""
@@ -265,6 +333,31 @@ def _broken_groups(
             if group in broken:
                 break
     return broken
+
+
+def _displaced_groups(
+    cyc: Cycle,
+    view: ResourceView,
+    shape: GangShape,
+    placement: dict[int, dict[str, Any]],
+    pods: dict[str, PodView],
+) -> dict[int, str]:
+    """Group -> why: a pod still waiting for its planned node, where pods bound since (a foreign pod
+    given nodeName, or one kube-scheduler put there while ours was gated) leave it no room. The
+    scheduler would keep it Pending forever, so the group is planned again elsewhere."""
+    displaced: dict[int, str] = {}
+    for group, entry in placement.items():
+        for i, node in enumerate(entry["nodes"]):
+            name = pod_name(view.name, group * shape.pods_per_group + i)
+            pod, held = pods.get(name), cyc.snapshot.nodes.get(node)
+            if pod is None or pod.bound or pod.node != node or _gone(cyc, pod) or held is None:
+                continue
+            # The snapshot books tidal's placements plus every other bound pod: beyond capacity, the
+            # unbound tidal pod is the one that cannot land (what is bound stays bound).
+            if held.allocated > held.gpus:
+                displaced[group] = f"pod {name} no longer fits on {node} ({held.allocated} of {held.gpus} GPUs booked)"
+                break
+    return displaced
 
 
 def _gone(cyc: Cycle, pod: PodView) -> bool:
@@ -330,6 +423,7 @@ def _replace_groups(
         for node in placement[g]["nodes"]:
             cyc.snapshot.release(node, gpp)
     request = job_request(
+        cyc,
         view,
         shape,
         recovery=True,
@@ -369,7 +463,8 @@ def _release(
         for node in group["nodes"]:
             cyc.snapshot.release(node, shape.gpus_per_pod)
     if not replicas:  # the whole job goes: so do its domains (a shrink's are pruned by the next reconcile)
-        for name in status.get("computeDomains") or []:
+        # Deleted here and kept in status.staleComputeDomains by _cleared until confirmed.
+        for name in _all_domains(status):
             cyc.delete_compute_domain(view.namespace, name)
     for pod in pods.values():
         if replicas and (pod.group is None or shape.replica_of_group(pod.group) not in replicas):
@@ -377,12 +472,32 @@ def _release(
         cyc.delete_pod(pod, grace)
 
 
+def _all_domains(status: dict[str, Any]) -> list[str]:
+    return sorted(set(status.get("computeDomains") or []) | set(status.get("staleComputeDomains") or []))
+
+
 def _cleared(status: dict[str, Any]) -> dict[str, Any]:
-    return {
+    """The status of a job that holds nothing any more; its domains (deleted by _release) stay
+    listed as stale until the deletes are confirmed."""
+    out = {
         k: v
         for k, v in status.items()
-        if k not in ("placement", "supernodes", "currentDP", "admittedAt", "eviction", "worldSize", "computeDomains")
+        if k
+        not in (
+            "placement",
+            "supernodes",
+            "currentDP",
+            "admittedAt",
+            "eviction",
+            "worldSize",
+            "computeDomains",
+            "staleComputeDomains",
+        )
     }
+    stale = _all_domains(status)
+    if stale:
+        out["staleComputeDomains"] = stale
+    return out
 
 
 # -- checkpoint-first eviction ------------------------------------------------------------------

@@ -33,6 +33,8 @@ from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.cache import Membership, membership_of, node_states, supernode_states
+from tidal.k8s.priority import PriorityClassView
+from tidal.k8s.quota import QuotaView
 from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
@@ -50,6 +52,12 @@ class WatchCache:
         self.supernodes: dict[str, ResourceView] = {}
         self.jobs: dict[tuple[str | None, str], ResourceView] = {}
         self.pools: dict[tuple[str | None, str], ResourceView] = {}
+        self.priority_classes: dict[str, PriorityClassView] = {}
+        self.priority_version = 0
+        """Moves whenever a PriorityClass changed: queued jobs are tried again (one may now exist)."""
+        self.quotas: dict[tuple[str, str], QuotaView] = {}
+        self.quota_version = 0
+        """Moves whenever a ResourceQuota changed: jobs waiting for quota are tried again."""
         self._label_index: dict[str, dict[str, set[str]]] = {}
         self._by_owner: dict[OwnerKey, dict[str, PodView]] = {}
         self.pod_uids: set[str] = set()
@@ -99,6 +107,20 @@ class WatchCache:
             self._put_resource(self.jobs, key, view)
         elif kind == "pool":
             self._put_resource(self.pools, key, view)
+        elif kind == "quota":
+            if self.quotas.get(key) != view:
+                self.quota_version += 1
+            if view is None:
+                self.quotas.pop(key, None)
+            else:
+                self.quotas[key] = view
+        elif kind == "priorityclass":
+            if self.priority_classes.get(key) != view:
+                self.priority_version += 1
+            if view is None:
+                self.priority_classes.pop(key, None)
+            else:
+                self.priority_classes[key] = view
         else:
             raise ValueError(f"unknown kind {kind}")
 
@@ -110,6 +132,8 @@ class WatchCache:
             ("supernode", self.supernodes, state.supernodes),
             ("job", self.jobs, state.jobs),
             ("pool", self.pools, state.pools),
+            ("priorityclass", self.priority_classes, state.priority_classes),
+            ("quota", self.quotas, state.quotas),
         ):
             for key in [k for k in mine if k not in theirs]:
                 self.apply(kind, key, None)

@@ -37,7 +37,13 @@ class Applied:
     withheld_pods: int = 0
     """Pod creations skipped because their owner's status, ComputeDomain or Service was not written."""
     withheld_domains: int = 0
-    """ComputeDomain creations skipped because their job's status write was refused."""
+    """ComputeDomain creations skipped because their owner's status write was refused."""
+    failed_pod_deletes: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, name) of pods whose delete failed: the caller forgets them as deleted, so the
+    next cycle deletes them again (kept as deleted, a gang re-placed under the same names would
+    wait on them forever: bench.faults found it)."""
+    deleted_domains: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, name) of ComputeDomains whose delete succeeded (or found them gone)."""
     counters: dict[str, int] = field(default_factory=dict)
     """What the writes did, for the cycle's counters (services:created, services:updated...)."""
 
@@ -65,9 +71,13 @@ def apply_actions(
     if plan.annotations:
         api.parallel(_logged(_annotate(api), "annotate"), plan.annotations)
     if plan.pod_deletes:
-        api.parallel(_logged(lambda d: api.delete_pod(*d), "delete_pod"), plan.pod_deletes)
+        done = api.parallel(_logged(_succeeds(lambda d: api.delete_pod(*d)), "delete_pod"), plan.pod_deletes)
+        applied.failed_pod_deletes = {(d[0], d[1]) for d, ok in zip(plan.pod_deletes, done, strict=True) if not ok}
     if plan.domain_deletes:
-        api.parallel(_logged(lambda d: api.delete_compute_domain(*d), "delete_compute_domain"), plan.domain_deletes)
+        done = api.parallel(
+            _logged(_succeeds(lambda d: api.delete_compute_domain(*d)), "delete_compute_domain"), plan.domain_deletes
+        )
+        applied.deleted_domains = {d for d, ok in zip(plan.domain_deletes, done, strict=True) if ok}
     # (kind label, namespace, owner name) of workloads that must not get pods this time.
     withheld = {(_OWNER_LABEL[k], ns, name) for k, ns, name in applied.failed_statuses if k in _OWNER_LABEL}
     domains = plan.domain_creates
@@ -75,24 +85,12 @@ def apply_actions(
         domains = [d for d in domains if not _owned_by(d, withheld)]
         applied.withheld_domains = len(plan.domain_creates) - len(domains)
     if domains:
-
-        def create_domain(body: dict[str, Any]) -> bool:
-            api.create_compute_domain(body)  # DomainTerminating: one of that name is still going
-            return True
-
-        made = api.parallel(_logged(create_domain, "create_compute_domain"), domains)
-        withheld |= {
-            (labels.JOB, _meta(body)["namespace"], (_meta(body).get("labels") or {}).get(labels.JOB))
-            for body, ok in zip(domains, made, strict=True)
-            if not ok
-        }
+        # A refused domain (DomainTerminating: one of that name is still going) holds back the pods
+        # of its owner, a TrainingJob or an InferencePool.
+        made = api.parallel(_logged(_succeeds(api.create_compute_domain), "create_compute_domain"), domains)
+        withheld |= {_owner_of(body) for body, ok in zip(domains, made, strict=True) if not ok}
     if plan.services:
-
-        def create_service(body: dict[str, Any]) -> bool:
-            api.ensure_service(body)
-            return True
-
-        made = api.parallel(_logged(create_service, "ensure_service"), plan.services)
+        made = api.parallel(_logged(_succeeds(api.ensure_service), "ensure_service"), plan.services)
         withheld |= {
             (labels.JOB, _meta(body)["namespace"], _meta(body)["name"])
             for body, ok in zip(plan.services, made, strict=True)
@@ -167,10 +165,27 @@ def _meta_key(body: dict[str, Any]) -> tuple[str, str]:
     return _meta(body)["namespace"], _meta(body)["name"]
 
 
+def _owner_of(body: dict[str, Any]) -> tuple[str, str, str | None]:
+    """(owner label, namespace, owner name) of a ComputeDomain or pod: a pool's, else a job's."""
+    body_labels = _meta(body).get("labels") or {}
+    key = labels.POOL if labels.POOL in body_labels else labels.JOB
+    return key, _meta(body)["namespace"], body_labels.get(key)
+
+
 def _owned_by(body: dict[str, Any], owners: set[tuple[str, str | None, str]]) -> bool:
     meta = _meta(body)
     body_labels = meta.get("labels") or {}
     return any((key, meta["namespace"], body_labels.get(key)) in owners for key in _OWNER_LABEL.values())
+
+
+def _succeeds(fn: Callable[[Any], Any]) -> Callable[[Any], bool]:
+    """`fn`, returning True when it returns at all (under `_logged`, None means it raised)."""
+
+    def call(item: Any) -> bool:
+        fn(item)
+        return True
+
+    return call
 
 
 def _logged(fn: Callable[[Any], Any], call: str) -> Callable[[Any], Any]:

@@ -77,3 +77,25 @@ def describe_errors(err: ValidationError, root: str = "spec") -> list[str]:
         text = template.format(**e.get("ctx", {})) if template else e["msg"]
         messages.append(f"{field_path(e['loc'], root)}: {text}")
     return messages
+
+
+def priority_class_name_field() -> Any:
+    """`spec.priorityClassName` of TrainingJob and InferencePool: priorities as pods have them."""
+    return Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="PriorityClass whose value orders and may preempt (as for pods; tidal's pods get it too). "
+        "None: the globalDefault PriorityClass's value, or 0. A class that does not exist keeps it Pending.",
+    )
+
+
+def deprecated_priority_field(default: int) -> Any:
+    """The integer `spec.priority` that any tenant could set: kept readable, ignored by default."""
+    return Field(
+        default=default,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Deprecated, ignored: any tenant could outrank any other. Use priorityClassName. Honoured "
+        "only when the operator runs with --spec-priority (all tenants trusted).",
+    )

@@ -62,7 +62,7 @@ RESOURCE_KINDS: list[ResourceKind] = [
             {"name": "DP", "type": "integer", "jsonPath": ".status.currentDP"},
             {"name": "Supernodes", "type": "integer", "jsonPath": ".status.supernodes"},
             {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
-            {"name": "Priority", "type": "integer", "jsonPath": ".spec.priority", "priority": 1},
+            {"name": "Priority-Class", "type": "string", "jsonPath": ".spec.priorityClassName", "priority": 1},
             {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
             _age(),
         ],

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
-from tidal.model.common import ApiModel, Condition
+from tidal.model.common import ApiModel, Condition, deprecated_priority_field, priority_class_name_field
+from tidal.model.pod_template import MAX_RESOURCE_NAME, PodTemplate, template_problems, template_rules
 from tidal.model.training_job import DEFAULT_ACCELERATOR, GroupPlacement
 
 HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
@@ -37,11 +38,55 @@ class ScheduleSpec(ApiModel):
         return tz
 
 
-class PrometheusSource(ApiModel):
-    """A Prometheus instant query that returns the pool's current request rate."""
+LOAD_SOURCE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
-    url: str = Field(min_length=1, description="Base URL of the Prometheus HTTP API.")
-    query: str = Field(min_length=1, description="PromQL returning one sample: requests per second.")
+URL_REFUSED = (
+    "spec.load.prometheus.url: no longer accepted (the operator fetched any URL a tenant wrote): "
+    "set spec.load.prometheus.server to the name of a Prometheus load source the cluster admin "
+    "configured (Helm value loadSources, operator flag --load-source NAME=URL)"
+)
+
+
+class PrometheusSource(ApiModel):
+    """A Prometheus instant query, run against a load source the operator is configured with.
+
+    Sources are named by the cluster admin (`tidal run --load-source NAME=URL`, Helm value
+    loadSources); a pool names one, never a URL, so no tenant can make the operator fetch an
+    address of its choosing."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.url)", "message": URL_REFUSED, "fieldPath": ".url"},
+                {
+                    "rule": "has(self.server)",
+                    "message": "spec.load.prometheus.server: is required: the name of a configured load source",
+                    "fieldPath": ".server",
+                },
+            ]
+        }
+    }
+
+    server: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LOAD_SOURCE_NAME,
+        description="Name of a Prometheus load source configured in the operator (Helm value loadSources).",
+    )
+    query: str = Field(min_length=1, max_length=4096, description="PromQL returning one sample: requests per second.")
+    url: str | None = Field(
+        default=None,
+        description="Refused (kept only to name it in the error): a free URL let any tenant make the operator "
+        "fetch any address. Use `server`.",
+    )
+
+    @model_validator(mode="after")
+    def _named_source(self) -> PrometheusSource:
+        if self.url is not None:
+            raise ValueError(URL_REFUSED)
+        if self.server is None:
+            raise ValueError("spec.load.prometheus.server: is required: the name of a configured load source")
+        return self
 
 
 class LoadSpec(ApiModel):
@@ -83,6 +128,7 @@ class InferencePoolSpec(ApiModel):
                     "message": "spec.schedule.windows: minReplicas must be <= maxReplicas",
                     "fieldPath": ".schedule",
                 },
+                *template_rules(),
             ]
         }
     }
@@ -102,9 +148,12 @@ class InferencePoolSpec(ApiModel):
     tp: int = Field(default=1, ge=1, le=1024, description="Tensor-parallel degree of one replica.")
     ep: int = Field(default=1, ge=1, le=1024, description="Expert-parallel degree of one replica.")
     gpus_per_pod: int = Field(ge=1, le=128, description="Accelerators per pod; must divide tp*ep.")
-    accelerator: str = Field(default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name.")
-    template: dict[str, Any] = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
-    priority: int = Field(default=1000, ge=-1_000_000, le=1_000_000, description="Priority against training.")
+    accelerator: str = Field(
+        default=DEFAULT_ACCELERATOR, min_length=1, max_length=MAX_RESOURCE_NAME, description="Extended resource name."
+    )
+    template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every replica pod.")
+    priority_class_name: str | None = priority_class_name_field()
+    priority: int = deprecated_priority_field(1000)
     schedule: ScheduleSpec | None = Field(default=None, description="Time-of-day replica floors.")
     load: LoadSpec | None = Field(default=None, description="Load signal that may raise replicas above the floor.")
 
@@ -120,6 +169,9 @@ class InferencePoolSpec(ApiModel):
                     f"spec.schedule.windows[{i}].minReplicas: {w.min_replicas} is greater than "
                     f"maxReplicas={self.max_replicas}"
                 )
+        problems = template_problems(self.template, self.accelerator)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -153,6 +205,14 @@ class InferencePoolStatus(ApiModel):
     placement: list[GroupPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
     load: LoadStatus | None = Field(default=None, description="Load signal.")
     scaled_at: str | None = Field(default=None, description="When replicas were last added or removed.")
+    compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains (resource.nvidia.com) of replicas spanning several nodes of an NVLink supernode.",
+    )
+    stale_compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains of removed replicas whose delete is not yet confirmed (retried every cycle).",
+    )
     floor: int | None = Field(default=None, description="Replica floor from the schedule now.")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

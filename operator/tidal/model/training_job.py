@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.model.common import ApiModel, Condition
+from tidal.model.common import ApiModel, Condition, deprecated_priority_field, priority_class_name_field
+from tidal.model.pod_template import MAX_RESOURCE_NAME, PodTemplate, template_problems, template_rules
 
 DEFAULT_ACCELERATOR = "nvidia.com/gpu"
 ASSIGNMENT_NODES_MAX = 786_432
@@ -67,6 +68,7 @@ class TrainingJobSpec(ApiModel):
                     "message": "spec.dp: must lie within elastic.minDP..elastic.maxDP",
                     "fieldPath": ".dp",
                 },
+                *template_rules(),
             ]
         }
     }
@@ -79,10 +81,14 @@ class TrainingJobSpec(ApiModel):
         ge=1, le=128, description="Accelerators per pod; must divide tp*ep or be a multiple of it."
     )
     accelerator: str = Field(
-        default=DEFAULT_ACCELERATOR, min_length=1, description="Extended resource name, e.g. nvidia.com/gpu."
+        default=DEFAULT_ACCELERATOR,
+        min_length=1,
+        max_length=MAX_RESOURCE_NAME,
+        description="Extended resource name, e.g. nvidia.com/gpu.",
     )
-    template: dict[str, Any] = Field(description="Pod template (a PodTemplateSpec) for every rank of the job.")
-    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, description="Higher goes first and may preempt.")
+    template: PodTemplate = Field(description="Pod template (a PodTemplateSpec) for every rank of the job.")
+    priority_class_name: str | None = priority_class_name_field()
+    priority: int = deprecated_priority_field(0)
     preemptible: bool = Field(default=False, description="Whether higher-priority work may suspend or shrink it.")
     elastic: ElasticSpec | None = Field(default=None, description="Allowed DP range for shrink/expand.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint contract.")
@@ -111,6 +117,9 @@ class TrainingJobSpec(ApiModel):
                 raise ValueError(f"spec.elastic.minDP: {e.min_dp} is greater than maxDP={e.max_dp}")
             if not e.min_dp <= self.dp <= e.max_dp:
                 raise ValueError(f"spec.dp: {self.dp} is outside elastic.minDP..maxDP={e.min_dp}..{e.max_dp}")
+        problems = template_problems(self.template, self.accelerator)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -223,6 +232,10 @@ class TrainingJobStatus(ApiModel):
     compute_domains: list[str] = Field(
         default_factory=list,
         description="ComputeDomains (resource.nvidia.com) tidal made for the job, one per supernode it uses.",
+    )
+    stale_compute_domains: list[str] = Field(
+        default_factory=list,
+        description="ComputeDomains the job no longer needs whose delete is not yet confirmed (retried every cycle).",
     )
     conditions: list[Condition] = Field(default_factory=list, description="Admitted, Running, Preempted...")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")

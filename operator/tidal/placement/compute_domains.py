@@ -90,6 +90,20 @@ def plan_domains(
     return out
 
 
+def replica_domain(pool: str, replica: int, supernode: str, nodes: Iterable[str], on: bool) -> DomainPlan | None:
+    """An InferencePool replica's own ComputeDomain, when it spans more than one node (tray) of a
+    supernode that wants domains (`on`): within one tray NVLink needs no IMEX channel.
+
+    One per replica rather than one per pool per supernode: replicas come and go one by one
+    (scaling, failures), and a per-replica domain is made and deleted with exactly its replica,
+    never tying unrelated replicas' IMEX daemons together or outliving the replica's nodes.
+    `groups` holds the replica id."""
+    if not on or len(set(nodes)) < 2:
+        return None
+    name = domain_name(pool, f"replica-{replica}")
+    return DomainPlan(name, supernode, template_name(name), (replica,))
+
+
 def claims_by_group(domains: Mapping[str, DomainPlan]) -> dict[int, str]:
     """Group -> the ResourceClaimTemplate its pods claim."""
     return {g: d.template for d in domains.values() for g in d.groups}

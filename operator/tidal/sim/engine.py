@@ -85,8 +85,11 @@ FREE = Costs(bytes_per_param=0.0, restart_s=0.0, periodic_blocking=0.0, cold_sta
 """No resize, restart or cold-start cost (the old model; for tests that isolate one rule)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
+    """Compared by identity: the queue's membership tests and removals then cost a pointer
+    comparison, not a field-by-field one (which was most of a 72,000-GPU run's time)."""
+
     arrival: TrainingArrival
     dp: int
     state: str = "queued"  # queued | restoring | running | checkpointing | done
@@ -103,6 +106,10 @@ class Job:
     recovery: bool = False  # queued after a failure: ahead of new work of its priority
     down_at: float | None = None  # last shrink or eviction for capacity (flap detection)
     overhead: float = 0.0  # periodic-checkpoint share at the current size
+    group_gpus: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group_gpus = self.arrival.shape.group_gpus  # read at every event by the accounting
 
     @property
     def id(self) -> str:
@@ -114,7 +121,7 @@ class Job:
 
     @property
     def gpus_held(self) -> int:
-        return len(self.groups) * self.shape.group_gpus
+        return len(self.groups) * self.group_gpus
 
     @property
     def rate(self) -> float:
@@ -127,7 +134,7 @@ class Job:
         return self.shape.groups // self.shape.dp
 
 
-@dataclass
+@dataclass(eq=False)
 class Replica:
     group: GroupAssignment
     ready_at: float
@@ -140,6 +147,12 @@ class Pool:
     gpus_per_pod: int
     accelerator: str = "nvidia.com/gpu"
     replicas: list[Replica] = field(default_factory=list)
+    # ready() is asked at every event; the count changes only when a replica warms up or the
+    # list changes (the engine calls changed()), so it is kept until the next warm-up time.
+    _ready: tuple[int, float, float] | None = field(default=None, repr=False, compare=False)
+
+    def changed(self) -> None:
+        self._ready = None
 
     def request(self, count: int) -> GangRequest:
         return GangRequest(
@@ -152,7 +165,17 @@ class Pool:
         )
 
     def ready(self, now: float) -> int:
-        return sum(1 for r in self.replicas if r.ready_at <= now)
+        cached = self._ready
+        if cached is not None and cached[1] <= now < cached[2]:
+            return cached[0]
+        count, next_warm = 0, float("inf")
+        for r in self.replicas:
+            if r.ready_at <= now:
+                count += 1
+            elif r.ready_at < next_warm:
+                next_warm = r.ready_at
+        self._ready = (count, now, next_warm)
+        return count
 
 
 @dataclass
@@ -161,6 +184,7 @@ class Totals:
     training_gpu_s: float = 0.0  # GPUs held by training, whatever they do
     stalled_gpu_s: float = 0.0  # held while restoring or writing a requested checkpoint
     inference_used_gpu_s: float = 0.0  # warm replicas the demand needs
+    inference_gpu_s: float = 0.0  # every GPU held by a replica: used, loading, or ahead of demand
     cold_gpu_s: float = 0.0  # replicas loading their model
     idle_gpu_s: float = 0.0
     lost_failures_gpu_s: float = 0.0
@@ -281,6 +305,7 @@ class Simulation:
             for r in [r for r in pool.replicas if name in r.group.nodes]:
                 self._release_group(r.group, pool.gpus_per_pod)
                 pool.replicas.remove(r)
+                pool.changed()
         for job in list(self.active.values()):
             broken = [g for g in job.groups if name in g.nodes]
             if broken:
@@ -463,16 +488,35 @@ class Simulation:
     def add_replicas(self, pool: Pool, groups: tuple[GroupAssignment, ...] | list[GroupAssignment]) -> None:
         ready = self.now + self.costs.cold_start_s
         pool.replicas += [Replica(g, ready) for g in groups]
+        pool.changed()
         if groups and self.costs.cold_start_s > 0:
             self.push(ready, "warm")
 
     def remove_replicas(self, pool: Pool, target: int) -> None:
-        """Down to `target` replicas: those still loading go first, then the newest."""
-        while len(pool.replicas) > target:
-            cold = [r for r in pool.replicas if r.ready_at > self.now]
-            replica = cold[-1] if cold else pool.replicas[-1]
-            pool.replicas.remove(replica)
-            self._release_group(replica.group, pool.gpus_per_pod)
+        """Down to `target` replicas: those still loading go first (the last started first),
+        then the newest. One pass from the end, in the order the replicas are released."""
+        excess = len(pool.replicas) - target
+        if excess <= 0:
+            return
+        replicas = pool.replicas
+        gone: list[int] = []
+        for i in range(len(replicas) - 1, -1, -1):
+            if len(gone) == excess:
+                break
+            if replicas[i].ready_at > self.now:
+                gone.append(i)
+        if len(gone) < excess:
+            cold = set(gone)
+            for i in range(len(replicas) - 1, -1, -1):
+                if len(gone) == excess:
+                    break
+                if i not in cold:
+                    gone.append(i)
+        for i in gone:
+            self._release_group(replicas[i].group, pool.gpus_per_pod)
+        dropped = set(gone)
+        pool.replicas = [r for i, r in enumerate(replicas) if i not in dropped]
+        pool.changed()
 
     def running_gangs(self) -> list[RunningGang]:
         gangs = []
@@ -510,10 +554,11 @@ class Simulation:
             return
         t = self._last_accounting
         training = stalled = 0
-        for job in self.active.values():
-            training += job.gpus_held
+        for job in self.active.values():  # every event: the property calls inlined
+            held = len(job.groups) * job.group_gpus
+            training += held
             if job.state != "running":
-                stalled += job.gpus_held
+                stalled += held
         inference = short = 0
         tot = self.totals
         for pool in self.pools.values():
@@ -526,6 +571,7 @@ class Simulation:
             tot.served_gpu_s += min(warm, demanded) * dt_s
             short = short or warm < demanded
         tot.training_gpu_s += training * dt_s
+        tot.inference_gpu_s += inference * dt_s
         tot.stalled_gpu_s += stalled * dt_s
         tot.idle_gpu_s += max(self.usable_gpus - training - inference, 0) * dt_s
         if short:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from tidal.sim.engine import Costs, Simulation, Totals
@@ -59,6 +61,23 @@ def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, floa
         "lost_gpu_hours_preemption": round(totals.lost_preemption_gpu_s / 3600, 1),
         "stalled_gpu_hours": round(totals.stalled_gpu_s / 3600, 1),
         "cold_start_gpu_hours": round(totals.cold_gpu_s / 3600, 1),
+        # Where the GPU-hours went (they add up to the usable GPU-hours): the goodput breakdown.
+        "training_held_gpu_hours": round(totals.training_gpu_s / 3600, 1),
+        "inference_held_gpu_hours": round(totals.inference_gpu_s / 3600, 1),
+        "inference_ahead_of_demand_gpu_hours": round(
+            (totals.inference_gpu_s - totals.inference_used_gpu_s - totals.cold_gpu_s) / 3600, 1
+        ),
+        "training_overhead_gpu_hours": round(
+            (
+                totals.training_gpu_s
+                - totals.useful_work
+                - totals.stalled_gpu_s
+                - totals.lost_preemption_gpu_s
+                - totals.lost_failures_gpu_s
+            )
+            / 3600,
+            1,
+        ),
         "gpus_idle": round(totals.idle_gpu_s / seconds, 1),
     }
 
@@ -101,33 +120,82 @@ def run_policy(scenario: Scenario, name: str, fleet: list, workload: Workload, c
     return sim, totals
 
 
-def run_scenario(scenario: Scenario, policies: list[str] | None = None, check: bool = False) -> dict:
-    started = time.perf_counter()
-    fleet, workload = build(scenario)
+# Longest first, so two processes finish together: the autoscaled policies re-plan capacity
+# every tick, the static ones only place training.
+_COST_ORDER = ("tidal", "tidal-reactive", "autoscale-preempt", "static-split", "topology-only", "first-fit")
+
+
+@lru_cache(maxsize=4)
+def _built(scenario: Scenario) -> tuple[list, Workload]:
+    # A worker process runs several policies of one scenario: the fleet and workload are built
+    # once per process (deterministic for the scenario, so every policy sees the same ones).
+    return build(scenario)
+
+
+def _policy_task(task: tuple[Scenario, str, bool]) -> dict:
+    scenario, name, check = task
+    fleet, workload = _built(scenario)
+    t0, c0 = time.perf_counter(), time.process_time()
+    sim, totals = run_policy(scenario, name, fleet, workload, check)
     gpus = sum(sn.shape.gpus for sn in fleet)
-    results, series, walls = {}, {}, {}
-    for name in policies or list(DEFAULT_POLICIES):
-        t0 = time.perf_counter()
-        sim, totals = run_policy(scenario, name, fleet, workload, check)
-        results[name] = summarize(totals, gpus, sim.end)
-        walls[name] = round(time.perf_counter() - t0, 1)
-        series[name] = totals.samples
     return {
-        "wall_s": round(time.perf_counter() - started, 1),
-        "wall_s_by_policy": walls,
-        "gpus": gpus,
-        "nodes": sum(len(sn.nodes) for sn in fleet),
-        "shape": scenario.shape,
-        "days": scenario.days,
-        "seed": scenario.seed,
-        "inference_peak_share": scenario.inference_peak_share,
-        "training_load_share": scenario.training_load_share,
-        "training_jobs": len(workload.arrivals),
-        "failures": len(workload.failures),
-        "policies": results,
-        "lead_vs_autoscale_preempt": lead(results),
-        "series": series,
+        "summary": summarize(totals, gpus, sim.end),
+        "samples": totals.samples,
+        "wall_s": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - c0,
     }
+
+
+def run_scenarios(
+    scenarios: list[Scenario], policies: list[str] | None = None, check: bool = False, jobs: int = 1
+) -> list[dict]:
+    """run_scenario for each scenario; with jobs > 1 every (scenario, policy) pair runs in a pool
+    of that many processes. The results do not depend on `jobs`: each policy's run is a separate
+    deterministic simulation of the same fleet and workload."""
+    started = time.perf_counter()
+    names = list(policies or DEFAULT_POLICIES)
+    tasks = [(s, n, check) for s in scenarios for n in names]
+    if jobs > 1 and len(tasks) > 1:
+        rank = {n: i for i, n in enumerate(_COST_ORDER)}
+        # Scenario by scenario (a worker then builds few workloads), the longest policies first.
+        by_cost = sorted(range(len(tasks)), key=lambda i: (i // len(names), rank.get(tasks[i][1], len(rank)), i))
+        with ProcessPoolExecutor(min(jobs, len(tasks))) as pool:
+            done = dict(zip(by_cost, pool.map(_policy_task, [tasks[i] for i in by_cost]), strict=True))
+        outs = [done[i] for i in range(len(tasks))]
+    else:
+        outs = [_policy_task(t) for t in tasks]
+    wall = time.perf_counter() - started
+    results = []
+    for k, scenario in enumerate(scenarios):
+        mine = outs[k * len(names) : (k + 1) * len(names)]
+        fleet, workload = _built(scenario)
+        policies_out = {n: o["summary"] for n, o in zip(names, mine, strict=True)}
+        results.append(
+            {
+                # Whole set's wall time when run alone, else this scenario's share of the pool's.
+                "wall_s": round(wall / len(scenarios), 1),
+                "wall_s_by_policy": {n: round(o["wall_s"], 1) for n, o in zip(names, mine, strict=True)},
+                "cpu_s_by_policy": {n: round(o["cpu_s"], 1) for n, o in zip(names, mine, strict=True)},
+                "gpus": sum(sn.shape.gpus for sn in fleet),
+                "nodes": sum(len(sn.nodes) for sn in fleet),
+                "shape": scenario.shape,
+                "days": scenario.days,
+                "seed": scenario.seed,
+                "inference_peak_share": scenario.inference_peak_share,
+                "training_load_share": scenario.training_load_share,
+                "training_jobs": len(workload.arrivals),
+                "failures": len(workload.failures),
+                "policies": policies_out,
+                "lead_vs_autoscale_preempt": lead(policies_out),
+                "series": {n: o["samples"] for n, o in zip(names, mine, strict=True)},
+            }
+        )
+    return results
+
+
+def run_scenario(scenario: Scenario, policies: list[str] | None = None, check: bool = False, jobs: int = 1) -> dict:
+    """The policies side by side on one fleet and workload; `jobs` processes run them in parallel."""
+    return run_scenarios([scenario], policies, check, jobs)[0]
 
 
 def lead(results: dict[str, dict]) -> float | None:
@@ -190,6 +258,11 @@ COLUMNS = (
     "lost_gpu_hours_preemption",
     "stalled_gpu_hours",
     "cold_start_gpu_hours",
+    # where the GPU-hours went (the goodput breakdown)
+    "training_held_gpu_hours",
+    "training_overhead_gpu_hours",
+    "inference_held_gpu_hours",
+    "inference_ahead_of_demand_gpu_hours",
     "gpus_idle",
 )
 

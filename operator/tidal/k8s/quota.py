@@ -1,0 +1,148 @@
+"""Per-namespace GPU quotas: standard ResourceQuotas on `requests.<accelerator>`, checked at admission.
+
+The API server enforces a ResourceQuota on `requests.nvidia.com/gpu` itself, but pod by pod: a gang
+whose pods exceed it would be half-created (some pods made, the rest refused, the GPUs booked). So
+tidal checks the whole gang against every quota of its namespace *before* it books GPUs or makes a
+pod, and a job that does not fit stays Pending (Schedulable=False, reason QuotaExceeded) with the
+quota and the numbers named. No tidal-specific object: the admin writes the same ResourceQuota that
+also caps the namespace's non-tidal GPU pods.
+
+Usage is tidal's own ledger, not only the quota's status.used: GPUs booked by the namespace's
+placed workloads (before their pods exist), plus its other active GPU pods, and at least what the
+API server last counted (status.used, which includes pods still terminating).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.k8s.state import ResourceView, _quantity
+
+QUOTA_EXCEEDED = "QuotaExceeded"
+REQUESTS = "requests."
+
+_NOT_OURS = frozenset({"BestEffort", "Terminating", "CrossNamespacePodAffinity"})
+"""Quota scopes tidal's pods never fall in (they request GPUs, have no activeDeadlineSeconds
+unless the template sets one, and tidal adds no cross-namespace affinity)."""
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    namespace: str
+    name: str
+    hard: dict[str, int]
+    """Extended-resource request limits only: requests.<domain>/<name> -> count."""
+    used: dict[str, int]
+    scopes: tuple[str, ...] = ()
+    priority_classes: tuple[str, tuple[str, ...]] | None = None
+    """A PriorityClass scopeSelector: (operator, values)."""
+
+
+def quota_view(body: dict[str, Any]) -> QuotaView:
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+
+    def extended(counts: dict[str, Any] | None) -> dict[str, int]:
+        return {k: _quantity(v) for k, v in (counts or {}).items() if k.startswith(REQUESTS) and "/" in k}
+
+    selector = None
+    for expr in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
+        if expr.get("scopeName") == "PriorityClass":
+            selector = (expr.get("operator", "In"), tuple(expr.get("values") or ()))
+    return QuotaView(
+        namespace=meta.get("namespace", ""),
+        name=meta["name"],
+        hard=extended(spec.get("hard")),
+        used=extended(status.get("used")),
+        scopes=tuple(spec.get("scopes") or ()),
+        priority_classes=selector,
+    )
+
+
+def applies(quota: QuotaView, priority_class: str | None) -> bool:
+    """Whether the quota counts a pod of this class (tidal's pods carry the workload's class)."""
+    if any(s in _NOT_OURS for s in quota.scopes):
+        return False
+    if quota.priority_classes is None:
+        return True
+    op, values = quota.priority_classes
+    if op == "In":
+        return priority_class in values
+    if op == "NotIn":
+        return priority_class not in values
+    if op == "Exists":
+        return priority_class is not None
+    if op == "DoesNotExist":
+        return priority_class is None
+    return True
+
+
+@dataclass
+class Quotas:
+    """The namespaces' quotas and GPUs in use, booked into as the cycle admits."""
+
+    quotas: dict[str, list[QuotaView]] = field(default_factory=dict)
+    """Namespace -> its quotas that limit some extended resource."""
+    used: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(namespace, requests.<accelerator>) -> GPUs booked or held there when the cycle began."""
+    booked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """GPUs admitted by this cycle: added on top of whichever count is higher, the ledger or the
+    quota's own status.used (which may count terminating pods), so two admissions in one cycle
+    never both fit into the same room."""
+    version: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        quotas: Iterable[QuotaView],
+        held: Iterable[tuple[str, str, int]],
+        version: int = 0,
+    ) -> Quotas:
+        """`held`: (namespace, accelerator, GPUs) of every booking and foreign GPU pod."""
+        by_ns: dict[str, list[QuotaView]] = {}
+        for q in quotas:
+            if q.hard:
+                by_ns.setdefault(q.namespace, []).append(q)
+        used: Counter[tuple[str, str]] = Counter()
+        for namespace, accelerator, gpus in held:
+            if namespace in by_ns:
+                used[(namespace, REQUESTS + accelerator)] += gpus
+        return cls(by_ns, used, version=version)
+
+    def limited(self, namespace: str | None) -> bool:
+        return bool(self.quotas.get(namespace or ""))
+
+    def problem(self, view: ResourceView, gpus: int) -> str | None:
+        """Why `gpus` more for this workload would exceed a quota of its namespace, or None."""
+        namespace = view.namespace or ""
+        key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
+        for q in self.quotas.get(namespace, ()):
+            if key not in q.hard or not applies(q, view.spec.get("priorityClassName")):
+                continue
+            used = self._in_use(namespace, key, q)
+            if used + gpus > q.hard[key]:
+                return (
+                    f"ResourceQuota {namespace}/{q.name}: {key} {used} of {q.hard[key]} in use, "
+                    f"{max(q.hard[key] - used, 0)} left; this needs {gpus}"
+                )
+        return None
+
+    def room(self, view: ResourceView) -> int | None:
+        """GPUs this workload may still take in its namespace (None: no quota limits it)."""
+        namespace = view.namespace or ""
+        key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
+        left = None
+        for q in self.quotas.get(namespace, ()):
+            if key in q.hard and applies(q, view.spec.get("priorityClassName")):
+                free = max(q.hard[key] - self._in_use(namespace, key, q), 0)
+                left = free if left is None else min(left, free)
+        return left
+
+    def _in_use(self, namespace: str, key: str, q: QuotaView) -> int:
+        return max(self.used[(namespace, key)], q.used.get(key, 0)) + self.booked[(namespace, key)]
+
+    def book(self, view: ResourceView, gpus: int) -> None:
+        if self.limited(view.namespace):
+            self.booked[(view.namespace or "", REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu"))] += gpus

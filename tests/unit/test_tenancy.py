@@ -1,0 +1,157 @@
+"""Priorities from PriorityClasses (issue 13): a free integer let any namespace outrank any other."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from tidal.clock import FixedClock
+from tidal.k8s.controller import Controller, ControllerSettings
+
+from .fake_cluster import FakeCluster
+from .test_rebalance import TEMPLATE, run
+
+NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def rack_job(**extra) -> dict:
+    return {"tp": 4, "ep": 16, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE, **extra}
+
+
+def test_unknown_priority_class_keeps_the_job_pending_naming_the_field_until_it_exists():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "j", rack_job(priorityClassName="gold"))
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "a", "j")
+    assert status["phase"] == "Pending"
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (cond["status"], cond["reason"]) == ("False", "UnknownPriorityClass")
+    assert cond["message"] == "spec.priorityClassName: PriorityClass 'gold' not found"
+    assert not cluster.pods, "no pod made (the API server would refuse it)"
+    cluster.add_priority_class("gold", 100)
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "j")["phase"] == "Running"
+    assert {p["spec"]["priorityClassName"] for p in cluster.pods.values()} == {"gold"}
+
+
+def test_spec_priority_is_ignored_unless_the_operator_allows_it():
+    """Tenant b writes priority 1000000 without a class: it must not preempt tenant a's work."""
+    for allowed in (False, True):
+        cluster = FakeCluster("nvl72", 1)
+        controller = Controller(cluster, FixedClock(NOW), ControllerSettings(spec_priority=allowed))
+        cluster.add("TrainingJob", "a", "victim", rack_job(preemptible=True, priority=0))
+        run(cluster, controller)
+        assert cluster.status("TrainingJob", "a", "victim")["phase"] == "Running"
+        cluster.add("TrainingJob", "b", "bully", rack_job(priority=1_000_000))
+        run(cluster, controller)
+        evicted = bool(cluster.status("TrainingJob", "a", "victim").get("eviction"))
+        assert evicted is allowed, f"spec_priority={allowed}"
+
+
+def test_a_system_priority_class_is_refused_and_preempts_nothing():
+    """system-cluster-critical exists in every cluster and no quota limits it by default: a tenant
+    naming it would outrank every workload. tidal refuses the system range, naming the field."""
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("system-cluster-critical", 2_000_000_000)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "victim", rack_job(preemptible=True))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "b", "bully", rack_job(priorityClassName="system-cluster-critical"))
+    run(cluster, controller)
+    assert not cluster.status("TrainingJob", "a", "victim").get("eviction")
+    status = cluster.status("TrainingJob", "b", "bully")
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (status["phase"], cond["reason"]) == ("Pending", "UnknownPriorityClass")
+    assert cond["message"].startswith(
+        "spec.priorityClassName: PriorityClass 'system-cluster-critical' is in the system range"
+    )
+
+
+def test_priority_class_value_preempts_and_the_global_default_applies_without_a_class():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("batch", 10, global_default=True)
+    cluster.add_priority_class("urgent", 100)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "victim", rack_job(preemptible=True))  # the default: 10
+    run(cluster, controller)
+    cluster.add("TrainingJob", "b", "same", rack_job(priority=1_000_000))  # also 10: no preemption
+    run(cluster, controller)
+    assert not cluster.status("TrainingJob", "a", "victim").get("eviction")
+    cluster.add("TrainingJob", "b", "urgent", rack_job(priorityClassName="urgent"))
+    run(cluster, controller)
+    eviction = cluster.status("TrainingJob", "a", "victim")["eviction"]
+    assert eviction["by"] == "b/urgent (priority 100)"
+
+
+def test_a_gang_past_its_namespaces_gpu_quota_stays_pending_naming_it_and_nothing_is_made():
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "80", "cpu": "100"})
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "first", rack_job())  # 64 GPUs
+    cluster.add("TrainingJob", "b", "elsewhere", rack_job())  # another namespace: no quota
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "second", {**rack_job(), "ep": 4, "dp": 2})  # 32 more: 96 > 80
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "first")["phase"] == "Running"
+    assert cluster.status("TrainingJob", "b", "elsewhere")["phase"] == "Running"
+    status = cluster.status("TrainingJob", "a", "second")
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded")
+    assert cond["message"] == "ResourceQuota a/gpus: requests.nvidia.com/gpu 64 of 80 in use, 16 left; this needs 32"
+    assert not cluster.pods_of("tidal.dev/job", "second")
+    # An elastic job starts as large as the quota allows.
+    cluster.add("TrainingJob", "a", "elastic", {**rack_job(), "ep": 2, "dp": 4, "elastic": {"minDP": 1, "maxDP": 4}})
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "elastic")["currentDP"] == 2  # 2 x 8 = the 16 left
+    # Room freed in the namespace: the waiting job is tried again and admitted.
+    del cluster.objects[("TrainingJob", "a", "first")]
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "second")["phase"] == "Running"
+
+
+def test_quota_scoped_to_other_priority_classes_does_not_apply():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("tidal-batch", 1)
+    scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["tidal-serving"]}]}
+    cluster.add_quota("a", "serving-gpus", {"requests.nvidia.com/gpu": "0"}, scopeSelector=scope)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "batch", rack_job(priorityClassName="tidal-batch"))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "batch")["phase"] == "Running"
+
+
+def test_pool_replicas_stay_within_the_namespaces_gpu_quota():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_quota("serve", "gpus", {"requests.nvidia.com/gpu": "20"})
+    controller = Controller(cluster, FixedClock(NOW))
+    pool = {"minReplicas": 4, "maxReplicas": 4, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "serve", "chat", pool)
+    run(cluster, controller)
+    status = cluster.get("InferencePool", "serve", "chat").status
+    assert status["placedReplicas"] == 2, "whole replicas of 8 within 20 GPUs"
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert cond["reason"] == "QuotaExceeded" and "ResourceQuota serve/gpus" in cond["message"]
+    assert len(cluster.pods_of("tidal.dev/pool", "chat")) == 4
+
+
+def test_two_admissions_in_one_cycle_never_share_the_quotas_room():
+    """status.used above tidal's own ledger (it counts terminating pods) must not hide what this
+    cycle already booked: 32 of 64 used by the quota's count, 32 left, two 32-GPU jobs -> one."""
+    from tidal.k8s.quota import Quotas, quota_view
+    from tidal.k8s.state import resource_view
+
+    quota = quota_view(
+        {
+            "metadata": {"namespace": "a", "name": "gpus"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "64"}},
+            "status": {"used": {"requests.nvidia.com/gpu": "32"}},
+        }
+    )
+    quotas = Quotas.build([quota], held=[("a", "nvidia.com/gpu", 8)])  # the ledger: 8
+    job = resource_view(
+        {"kind": "TrainingJob", "metadata": {"namespace": "a", "name": "j", "uid": "u"}, "spec": rack_job()}
+    )
+    assert quotas.problem(job, 32) is None
+    quotas.book(job, 32)
+    assert quotas.problem(job, 32) is not None, "the second 32 GPUs fit into the room the first took"
+    assert quotas.room(job) == 0
