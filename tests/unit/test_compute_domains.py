@@ -12,7 +12,7 @@ import pytest
 from tidal.clock import FixedClock
 from tidal.k8s.compute_domains import RECHECK_SECONDS, ComputeDomainSupport
 from tidal.k8s.controller import Controller
-from tidal.k8s.manifests import GangShape, training_pods
+from tidal.k8s.manifests import GangShape, pinned_node, training_pods
 from tidal.placement.compute_domains import (
     CLAIM_NAME,
     NAME_MAX,
@@ -642,3 +642,46 @@ def test_no_pool_domain_without_a_clique_label():
     run(cluster, Controller(cluster, FixedClock(NOW)))
     assert cluster.status("InferencePool", "ml", "chat")["readyReplicas"] == 1
     assert not cluster.compute_domains and not any(claim_of(p) for p in cluster.pods_of("tidal.dev/pool", "chat"))
+
+
+def _claimed_pods_per_node(cluster: FakeCluster) -> dict[str, int]:
+    """Node -> pods on it carrying a ComputeDomain claim (each pod gets its own claim)."""
+    out: dict[str, int] = {}
+    for pod in cluster.pods.values():
+        if claim_of(pod):
+            node = pinned_node(pod)
+            out[node] = out.get(node, 0) + 1
+    return out
+
+
+def test_a_job_whose_domain_pods_would_share_a_node_is_refused_naming_the_field():
+    # Review finding: a node publishes one IMEX channel and each pod claims its own, so the second
+    # pod of a domain on a node would wait for the channel forever while the job shows Admitted.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    spec = {"tp": 4, "ep": 1, "pp": 1, "dp": 1, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "half", {**spec, "gpusPerPod": 2})
+    cluster.add("TrainingJob", "ml", "whole", {**spec, "gpusPerPod": 4})
+    cluster.add("TrainingJob", "ml", "off", {**spec, "gpusPerPod": 2, "computeDomain": "Disabled"})
+    run(cluster, Controller(cluster, FixedClock(NOW)))
+    half = cluster.status("TrainingJob", "ml", "half")
+    assert half["phase"] == "Pending" and not cluster.pods_of("tidal.dev/job", "half")
+    assert "spec.gpusPerPod: 2" in half["reason"] and "spec.computeDomain: Disabled" in half["reason"]
+    assert any(c["reason"] == "ComputeDomainPodsShareNode" for c in half["conditions"])
+    assert not any(name.startswith("half-") for name in domains_of(cluster))
+    assert cluster.status("TrainingJob", "ml", "whole")["phase"] == "Running"
+    assert cluster.status("TrainingJob", "ml", "off")["phase"] == "Running"
+    assert max(_claimed_pods_per_node(cluster).values()) == 1
+
+
+def test_pool_replicas_never_put_two_claimed_pods_on_one_node_and_the_pool_says_why():
+    # Review finding: two replicas placed in one plan shared a node, each with its own domain.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 6, "gpusPerPod": 2, "replicas": 2})
+    cluster.add("InferencePool", "ml", "big", {**SERVE, "tp": 8, "replicas": 2})
+    run(cluster, Controller(cluster, FixedClock(NOW)))
+    assert max(_claimed_pods_per_node(cluster).values()) == 1
+    chat = cluster.status("InferencePool", "ml", "chat")
+    assert chat["placedReplicas"] == 0 and not cluster.pods_of("tidal.dev/pool", "chat")
+    reason = next(c for c in chat["conditions"] if c["type"] == "Schedulable")
+    assert reason["reason"] == "ComputeDomainPodsShareNode" and "spec.gpusPerPod: 2" in reason["message"]
+    assert cluster.status("InferencePool", "ml", "big")["placedReplicas"] == 2

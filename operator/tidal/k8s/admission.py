@@ -44,11 +44,14 @@ from tidal.placement import (
     plan_gang,
     plan_preemption,
 )
+from tidal.placement.compute_domains import nodes_shared_in_a_domain, plan_domains
 from tidal.placement.defrag import MovableGang, free_gpus, plan_defrag
 from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
 
 QUEUED = frozenset({"Pending", "Restarting", ""})
+DOMAIN_PODS_SHARE_NODE = "ComputeDomainPodsShareNode"
+"""Reason of a job whose placement would put two pods of one ComputeDomain on one node."""
 DEFRAGMENTED = "Defragmented"
 """Eviction reason of a defragmentation move."""
 WAITING = frozenset({"WaitingForPreemption", "WaitingForDefragmentation"})
@@ -211,6 +214,17 @@ def _try_admit(
                     f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
                     f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
                 )
+            shared = _nodes_shared_in_a_domain(cyc, view, plan)
+            if shared:  # a smaller elastic shape packs its pods the same way
+                return _pending(
+                    cyc,
+                    view,
+                    status,
+                    DOMAIN_PODS_SHARE_NODE,
+                    f"spec.gpusPerPod: {shape.gpus_per_pod} puts two or more pods of one ComputeDomain on node "
+                    f"{shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use whole-node "
+                    f"pods (spec.gpusPerPod equal to the node's GPUs), or spec.computeDomain: Disabled",
+                )
             return _admitted(cyc, view, status, shape, plan)
         misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
@@ -218,6 +232,15 @@ def _try_admit(
     if over_quota:  # preemption and defragmentation plan for spec.dp, which the quota refuses
         return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
     return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
+
+
+def _nodes_shared_in_a_domain(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> list[str]:
+    """Nodes where the plan would put two pods of one of the job's ComputeDomains (none when no
+    domain would be made: the CRD is not served, or no supernode of the plan wants one)."""
+    placement = placement_of(plan)
+    domains = plan_domains(view.name, view.spec.get("computeDomain"), placement, cyc.domain_supernodes)
+    shared = nodes_shared_in_a_domain(domains, placement)
+    return shared if shared and cyc.domains_installed() else []
 
 
 def _admitted(

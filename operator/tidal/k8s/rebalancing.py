@@ -14,7 +14,15 @@ from tidal.clock import parse_time
 from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
-from tidal.k8s.pools import add_replicas, pool_conditions, read_load, reconcile_pool, spec_problem
+from tidal.k8s.pools import (
+    DOMAIN_PODS_SHARE_NODE,
+    add_replicas,
+    pool_conditions,
+    read_load,
+    reconcile_pool,
+    shared_domain_pods,
+    spec_problem,
+)
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
@@ -114,11 +122,14 @@ def rebalance_pools(
             for c in pool_conditions(new, cyc.stamp)
             if not (
                 c["type"] == "Schedulable"
-                and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec", QUOTA_EXCEEDED)
+                and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec", QUOTA_EXCEEDED, DOMAIN_PODS_SHARE_NODE)
             )
         ]
         if quota_problem:
             conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
+        shared = shared_domain_pods(cyc).get(view.uid)
+        if shared:
+            conditions = set_condition(conditions, "Schedulable", False, DOMAIN_PODS_SHARE_NODE, shared, cyc.stamp)
         new["conditions"] = conditions
         # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
         new["replicas"] = new["placedReplicas"]
@@ -151,9 +162,12 @@ def _grow(
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
     if free.placement is not None:
         apply_plan(cyc.snapshot, free.placement)
+        before = status["placedReplicas"]
         status = add_replicas(cyc, view, status, list(free.placement.groups))
-        cyc.count("moves:to-inference:free", free.replicas)
-        cyc.event(view, "ScaledUp", f"placed {free.replicas} replica(s) on free GPUs: {status['reason']}")
+        placed = status["placedReplicas"] - before
+        cyc.count("moves:to-inference:free", placed)
+        if placed:
+            cyc.event(view, "ScaledUp", f"placed {placed} replica(s) on free GPUs: {status['reason']}")
     remaining = need - free.replicas
     if remaining <= 0:
         return status, False

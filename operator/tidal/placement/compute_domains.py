@@ -126,6 +126,22 @@ def add_channel_claim(pod_spec: dict[str, Any], template: str, container: int = 
     resources["claims"] = [*used, {"name": CLAIM_NAME}]
 
 
+def nodes_shared_in_a_domain(domains: Mapping[str, DomainPlan], placement: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Nodes that would run two or more pods of one ComputeDomain. The driver publishes one
+    default IMEX channel per node and a DRA device serves one claim at a time, while every pod
+    gets its own claim from the domain's template: the second pod on such a node would wait for
+    the channel forever (kubernetes-sigs/dra-driver-nvidia-gpu#309)."""
+    in_domain = {g for d in domains.values() for g in d.groups}
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for entry in placement:
+        if int(entry["group"]) not in in_domain:
+            continue
+        for node in entry["nodes"]:
+            (shared if node in seen else seen).add(node)
+    return sorted(shared)
+
+
 def exclusive_nodes(domains: Mapping[str, DomainPlan], placement: Iterable[Mapping[str, Any]]) -> set[str]:
     """Nodes a job holds whole because a ComputeDomain of its own runs there: the driver lets a
     node serve one domain at a time, so no other gang may share them."""
