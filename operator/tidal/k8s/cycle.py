@@ -66,9 +66,11 @@ class ActionPlan:
 
     @property
     def pod_actions(self) -> int:
-        """Pod and ComputeDomain actions: what a job's reconcile changes outside its status."""
+        """Pod and ComputeDomain actions (annotations too): what a job's reconcile changes outside
+        its status; a job that queued any is reconciled again next cycle, so a failed call is retried."""
         return (
-            len(self.pod_creates)
+            len(self.annotations)
+            + len(self.pod_creates)
             + len(self.pod_deletes)
             + len(self.ungates)
             + len(self.domain_creates)

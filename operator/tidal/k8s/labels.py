@@ -19,5 +19,9 @@ WORKER = "worker"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 
 GANG_GATE = "tidal.dev/gang"
+WORLD_SIZE = "tidal.dev/world-size"
+"""Pod annotation: the job's current world size (and CURRENT_DP its DP degree), kept up to date
+after an elastic resize; each pod sees it as a file (manifests.WORLD_MOUNT), as env cannot change."""
+CURRENT_DP = "tidal.dev/dp"
 CHECKPOINT_REQUESTED = "tidal.dev/checkpoint-requested"
 CHECKPOINT_DONE = "tidal.dev/checkpoint-done"

@@ -44,6 +44,7 @@ def pinned_pod(
     env: dict[str, str],
     subdomain: str | None = None,
     priority_class_name: str | None = None,
+    pod_annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod from the user's template, gated and pinned to `node`, with the tidal env and labels."""
     template = copy.deepcopy(template or {})
@@ -78,11 +79,35 @@ def pinned_pod(
             "name": name,
             "namespace": namespace,
             "labels": {**(meta.get("labels") or {}), **pod_labels, labels.MANAGED_BY: "tidal"},
-            "annotations": dict(meta.get("annotations") or {}),
+            "annotations": {**(meta.get("annotations") or {}), **(pod_annotations or {})},
             "ownerReferences": [owner],
         },
         "spec": spec,
     }
+
+
+WORLD_VOLUME = "tidal-world"
+WORLD_MOUNT = "/etc/tidal/world"
+"""Where every container of a training pod reads the job's current `world-size` and `dp`: files
+the kubelet refreshes from the pod's annotations (a downward API volume), so an elastic trainer
+learns the size after a resize, when its WORLD_SIZE env still holds the size it started with."""
+
+
+def world_annotations(shape: GangShape) -> dict[str, str]:
+    return {labels.WORLD_SIZE: str(shape.world_size), labels.CURRENT_DP: str(shape.dp)}
+
+
+def mount_world_files(pod_spec: dict[str, Any]) -> None:
+    """Add the downward API volume with the world-size and dp files to every container (in place)."""
+    items = [
+        {"path": "world-size", "fieldRef": {"fieldPath": f"metadata.annotations['{labels.WORLD_SIZE}']"}},
+        {"path": "dp", "fieldRef": {"fieldPath": f"metadata.annotations['{labels.CURRENT_DP}']"}},
+    ]
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != WORLD_VOLUME]
+    pod_spec["volumes"] = [*volumes, {"name": WORLD_VOLUME, "downwardAPI": {"items": items}}]
+    for container in pod_spec["containers"]:
+        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != WORLD_VOLUME]
+        container["volumeMounts"] = [*mounts, {"name": WORLD_VOLUME, "mountPath": WORLD_MOUNT, "readOnly": True}]
 
 
 def pinned_node(pod: dict[str, Any]) -> str:
@@ -135,7 +160,9 @@ def training_pods(
                 env=env,
                 subdomain=job,
                 priority_class_name=spec.get("priorityClassName"),
+                pod_annotations=world_annotations(shape),
             )
+            mount_world_files(pods[name]["spec"])
             template = (claims or {}).get(group)
             if template:
                 add_channel_claim(pods[name]["spec"], template)  # the first container holds the GPUs

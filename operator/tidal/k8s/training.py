@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods
+from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.model import TrainingJobSpec, describe_errors
@@ -158,6 +158,8 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             if missing_groups.intersection(domain.groups):
                 cyc.ensure_compute_domain(compute_domain(view.namespace, view.uid, view.name, domain))
 
+    _announce_world_size(cyc, view, shape, pods, expected)
+
     # Only pods on their planned node and not being deleted: a job re-admitted while its old pods
     # still terminate elsewhere is not Running on the strength of those.
     phases = [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not _gone(cyc, pods[n])]
@@ -175,6 +177,20 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             status.get("conditions", []), "Running", True, "AllPodsRunning", status["reason"], cyc.stamp
         )
     return status
+
+
+def _announce_world_size(
+    cyc: Cycle, view: ResourceView, shape: GangShape, pods: dict[str, PodView], expected: dict[str, str]
+) -> None:
+    """Bring every live pod's world-size and dp annotations to the job's current shape: after an
+    elastic shrink or growth the surviving pods keep their start-time WORLD_SIZE env, and read the
+    current one from the files these annotations feed (manifests.WORLD_MOUNT)."""
+    wanted = world_annotations(shape)
+    for name in expected:
+        pod = pods.get(name)
+        if pod is None or pod.terminating or all(pod.annotations.get(k) == v for k, v in wanted.items()):
+            continue
+        cyc.annotate("Pod", pod.namespace, pod.name, wanted)
 
 
 def _sync_domains(
