@@ -104,11 +104,10 @@ class StatusWriter:
         wire = compact.to_wire(status) if view.kind == "TrainingJob" else status
         _MODELS[view.kind].model_validate(wire)
         wire_base = compact.to_wire(base) if view.kind == "TrainingJob" else base
-        stale_keys = {*wire_base, *view.status}
+        olds = [wire_base, view.status]
         version = self.version(view)
         for _ in range(CONFLICT_ATTEMPTS):
-            patch: dict[str, Any] = {k: None for k in stale_keys if k not in wire}
-            patch.update(wire)
+            patch = _merge_patch(olds, wire)
             try:
                 written = self.api.patch_status(view.kind, view.namespace, view.name, patch, version or None)
             except StatusConflict:
@@ -123,7 +122,7 @@ class StatusWriter:
                 if not _holds(held, base):
                     self._refuse(view, held, version)
                     return False
-                stale_keys |= set(fresh_wire)
+                olds.append(fresh_wire)
                 continue
             if written is None:
                 return False
@@ -147,6 +146,17 @@ class StatusWriter:
         for store in (self._ledger, self._decoded):
             for uid in [u for u in store if u not in live_uids]:
                 del store[uid]
+
+
+def _merge_patch(olds: list[dict[str, Any]], new: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns any of `olds` into `new`. The server merges
+    nested objects too: a key gone from one (status.load.error once the load is read again) must
+    be sent as null, or it stays for good."""
+    patch: dict[str, Any] = {k: None for old in olds for k in old if k not in new}
+    for k, v in new.items():
+        nested = [old[k] for old in olds if isinstance(old.get(k), dict)]
+        patch[k] = _merge_patch(nested, v) if nested and isinstance(v, dict) else v
+    return patch
 
 
 def _holds(current: dict[str, Any], status: dict[str, Any]) -> bool:
