@@ -46,6 +46,7 @@ from typing import Any
 
 from tidal.clock import FixedClock
 from tidal.k8s import labels
+from tidal.k8s.api import StatusConflict
 from tidal.k8s.cache import build_snapshot, memberships
 from tidal.k8s.compact import to_wire
 from tidal.k8s.controller import Controller
@@ -133,17 +134,31 @@ class RecordingApi:
     def delete_compute_domain(self, namespace: str, name: str) -> None:
         self.requests["delete_compute_domain"] += 1
 
-    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
+    def patch_status(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> str | None:
         self.requests["patch_status"] += 1
         key = (kind, namespace, name)
         view = self.objects.get(key)
         if view is None:
-            return False
+            return None
+        if resource_version and resource_version != view.resource_version:
+            raise StatusConflict(f"{kind} {name}: {resource_version} is not {view.resource_version}")
         merged = {k: v for k, v in {**view.status, **status}.items() if v is not None}
         new = replace(view, status=merged, resource_version=str(next(_uid)))
         self.objects[key] = new
         self._feed({"TrainingJob": "job", "InferencePool": "pool", "Supernode": "supernode"}[kind], _key(new), new)
-        return True
+        return new.resource_version
+
+    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str] | None:
+        self.requests["get_status"] += 1
+        view = self.objects.get((kind, namespace, name))
+        return None if view is None else (dict(view.status), view.resource_version)
 
     def annotate(self, kind, namespace, name, annotations) -> None:
         self.requests["annotate"] += 1

@@ -87,6 +87,13 @@ def test_helm_lint_and_template(kube: Kube):
     # (helm 4 names the wrong path for a bad property name, hence only the name is checked)
     bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.loadSources.Bad_Name=http://x", check=False)
     assert bad.returncode != 0 and "'Bad_Name' does not match pattern" in bad.stderr
+    # The API request timeout: a flag, 15 s unless set; a timeout of 0 would fail every call.
+    assert "--api-timeout=15" in args
+    rendered = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.apiTimeoutSeconds=30").stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    assert "--api-timeout=30" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.apiTimeoutSeconds=0", check=False)
+    assert bad.returncode != 0 and "apiTimeoutSeconds" in bad.stderr
 
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from tidal.k8s import labels
+from tidal.k8s.api import StatusConflict
 from tidal.k8s.compact import from_wire
 from tidal.k8s.manifests import controlled_by_owner, service_update
 from tidal.k8s.priority import PriorityClassView
@@ -18,6 +19,7 @@ from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod
 from tidal.topology.fleet import build_fleet
 
 _uids = itertools.count(1)
+_versions = itertools.count(2)
 
 
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -217,21 +219,41 @@ class FakeCluster:
         self._log("delete_compute_domain", name)
         self.compute_domains.pop((namespace, name), None)
 
-    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
+    def patch_status(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> str | None:
+        """As the API server: a patch naming a resourceVersion the object has moved past conflicts."""
         self._log("patch_status", (kind, name))
         key = (kind, namespace, name)
         if key not in self.objects:
-            return False
+            return None
         view = self.objects[key]
-        self.objects[key] = replace(view, status=_merge(view.status, status))
-        return True
+        if resource_version and resource_version != view.resource_version:
+            raise StatusConflict(f"{kind} {name}: {resource_version} is not {view.resource_version}")
+        self.objects[key] = replace(view, status=_merge(view.status, status), resource_version=self._next_version())
+        return self.objects[key].resource_version
+
+    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str] | None:
+        self._log("get_status", (kind, name))
+        view = self.objects.get((kind, namespace, name))
+        return None if view is None else (dict(view.status), view.resource_version)
+
+    def _next_version(self) -> str:
+        return str(next(_versions))
 
     def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str | None]) -> None:
         self._log("annotate", (kind, name, annotations))
         key = (kind, namespace, name)
         if key in self.objects:
             view = self.objects[key]
-            self.objects[key] = replace(view, annotations=_merge(view.annotations, annotations))
+            self.objects[key] = replace(
+                view, annotations=_merge(view.annotations, annotations), resource_version=self._next_version()
+            )
 
     def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
         self._log("create_supernode", name)

@@ -388,12 +388,12 @@ class _CustomObjects:
     def __init__(self, existing: dict):
         self.existing = existing
 
-    def create_namespaced_custom_object(self, *args):
+    def create_namespaced_custom_object(self, *args, **kwargs):
         from kubernetes.client.exceptions import ApiException
 
         raise ApiException(status=409, reason="AlreadyExists")
 
-    def get_namespaced_custom_object(self, *args):
+    def get_namespaced_custom_object(self, *args, **kwargs):
         return self.existing
 
 

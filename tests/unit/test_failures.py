@@ -75,11 +75,11 @@ class RefusedStatus(FakeCluster):
         super().__init__(*args)
         self.refuse: set[str] = set()
 
-    def patch_status(self, kind, namespace, name, status):
+    def patch_status(self, kind, namespace, name, status, resource_version=None):
         if name in self.refuse:
             self._log("patch_status_refused", (kind, name))
-            return False
-        return super().patch_status(kind, namespace, name, status)
+            return None
+        return super().patch_status(kind, namespace, name, status, resource_version)
 
 
 def test_a_job_whose_placement_was_not_written_gets_no_pods_and_is_placed_again_next_cycle():

@@ -237,12 +237,12 @@ class FlakyStatus(FakeCluster):
         super().__init__(*args)
         self.failed: set[tuple] = set()
 
-    def patch_status(self, kind, namespace, name, status):
+    def patch_status(self, kind, namespace, name, status, resource_version=None):
         if (kind, namespace, name) not in self.failed:
             self.failed.add((kind, namespace, name))
             self._log("patch_status", (kind, name))
-            return False
-        return super().patch_status(kind, namespace, name, status)
+            return None
+        return super().patch_status(kind, namespace, name, status, resource_version)
 
 
 def test_a_supernode_status_that_failed_to_write_is_written_by_the_next_cycle():

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import email.utils
+import random
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -17,6 +23,11 @@ from tidal import API_GROUP, API_VERSION
 from tidal.k8s.manifests import controlled_by_owner, service_update
 
 log = structlog.get_logger("tidal")
+T = TypeVar("T")
+
+
+class StatusConflict(RuntimeError):
+    """A status patch carrying a resourceVersion found the object changed since (HTTP 409)."""
 
 
 class DomainTerminating(RuntimeError):
@@ -36,6 +47,71 @@ COMPUTE_DOMAIN_PLURAL = "computedomains"
 PLURALS = {"TrainingJob": "trainingjobs", "InferencePool": "inferencepools", "Supernode": "supernodes"}
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Request timeouts and retries of every call `Api` makes.
+
+    A transient answer (429, 5xx, a dropped connection, a timeout) is tried again after an
+    exponential backoff with full jitter, so that replicas and threads throttled together do not
+    come back together. A call never retries past `budget_seconds`: the cycle that made it waits,
+    and the next cycle tries again anyway."""
+
+    timeout_seconds: float = 15.0
+    """Read timeout of one request (operator flag --api-timeout)."""
+    connect_timeout_seconds: float = 5.0
+    attempts: int = 4
+    backoff_base_seconds: float = 0.2
+    backoff_cap_seconds: float = 5.0
+    budget_seconds: float = 30.0
+
+    @property
+    def request_timeout(self) -> tuple[float, float]:
+        """(connect, read), as the Kubernetes client's `_request_timeout` takes it."""
+        return min(self.connect_timeout_seconds, self.timeout_seconds), self.timeout_seconds
+
+
+def backoff_delay(
+    policy: RetryPolicy, attempt: int, rng: random.Random, retry_after: float | None = None
+) -> float | None:
+    """Seconds to wait before retry number `attempt` (1 for the first retry): full jitter, uniform
+    in [0, min(cap, base * 2**(attempt-1))]. A 429's Retry-After is waited out first; None when it
+    asks for more than the cap (the next cycle tries again rather than stall this one)."""
+    bound = min(policy.backoff_cap_seconds, policy.backoff_base_seconds * 2 ** (attempt - 1))
+    jitter = rng.uniform(0.0, bound)
+    if retry_after is None:
+        return jitter
+    if retry_after > policy.backoff_cap_seconds:
+        return None
+    return min(retry_after + jitter, policy.backoff_cap_seconds)
+
+
+def retry_after_seconds(error: BaseException) -> float | None:
+    """The Retry-After of a 429 (seconds or an HTTP date), None if it has none."""
+    if not isinstance(error, ApiException) or error.status != 429 or not error.headers:
+        return None
+    value = error.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max((when - dt.datetime.now(dt.UTC)).total_seconds(), 0.0)
+
+
+def transient(error: BaseException) -> bool:
+    """Worth trying again at once: throttling, a server error, or no answer at all."""
+    if isinstance(error, ApiException):
+        return error.status == 429 or (error.status or 0) >= 500
+    return isinstance(error, urllib3.exceptions.HTTPError | OSError)
+
+
 def load_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
     configuration = client.Configuration()
     if kubeconfig:
@@ -46,20 +122,59 @@ def load_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.Ap
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    # Retries are Api's (RetryPolicy): urllib3's own would retry a timed-out read behind its back.
+    configuration.retries = False
     return client.ApiClient(configuration)
 
 
 class Api:
-    def __init__(self, api_client: client.ApiClient, workers: int = 16):
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        workers: int = 16,
+        policy: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ):
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.requests: Counter[str] = Counter()
+        self.policy = policy or RetryPolicy()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-api")
 
     def _count(self, verb: str) -> None:
         with self._lock:
             self.requests[verb] += 1
+
+    def _call(self, verb: str, fn: Callable[..., T], *args: Any, retry: bool = True, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` with the request timeout, counted once per attempt; a transient
+        failure is retried (RetryPolicy). Every write tidal makes is safe to repeat: a repeated
+        create finds AlreadyExists (409), a repeated delete NotFound, a repeated status patch
+        carries the resourceVersion it was decided on and so conflicts rather than clobbers."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            self._count(verb)
+            try:
+                return fn(*args, _request_timeout=self.policy.request_timeout, **kwargs)
+            except Exception as e:
+                delay = self._retry_delay(e, attempt, started) if retry else None
+                if delay is None:
+                    raise
+                log.info("api call retried", call=verb, attempt=attempt, delay=round(delay, 3), error=_brief(e))
+                self._sleep(delay)
+
+    def _retry_delay(self, error: Exception, attempt: int, started: float) -> float | None:
+        if attempt >= self.policy.attempts or not transient(error):
+            return None
+        delay = backoff_delay(self.policy, attempt, self._rng, retry_after_seconds(error))
+        if delay is None or time.monotonic() - started + delay > self.policy.budget_seconds:
+            return None
+        return delay
 
     @property
     def total_requests(self) -> int:
@@ -71,9 +186,8 @@ class Api:
     # -- pods and services -------------------------------------------------------------------
     def create_pod(self, body: dict[str, Any]) -> bool:
         """True if created, False if a pod of that name already exists."""
-        self._count("create_pod")
         try:
-            self.core.create_namespaced_pod(body["metadata"]["namespace"], body)
+            self._call("create_pod", self.core.create_namespaced_pod, body["metadata"]["namespace"], body)
             return True
         except ApiException as e:
             if e.status == 409:
@@ -81,46 +195,51 @@ class Api:
             raise
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        self._count("delete_pod")
         try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds)
+            self._call(
+                "delete_pod", self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace_seconds
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def remove_gate(self, namespace: str, name: str, gate: str, gates: list[str]) -> None:
-        self._count("ungate_pod")
         remaining = [{"name": g} for g in gates if g != gate]
         patch = [
             {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
             {"op": "replace", "path": "/spec/schedulingGates", "value": remaining},
         ]
         try:
-            self.core.patch_namespaced_pod(name, namespace, patch)
+            self._call("ungate_pod", self.core.patch_namespaced_pod, name, namespace, patch)
         except ApiException as e:
             if e.status not in (404, 409, 422):
                 raise
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        self._count("annotate_pod")
         try:
-            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+            self._call(
+                "annotate_pod",
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                {"metadata": {"annotations": annotations}},
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def label_pod(self, namespace: str, name: str, pod_labels: dict[str, str]) -> None:
-        self._count("label_pod")
         try:
-            self.core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": pod_labels}})
+            self._call(
+                "label_pod", self.core.patch_namespaced_pod, name, namespace, {"metadata": {"labels": pod_labels}}
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def ensure_service(self, body: dict[str, Any]) -> None:
-        self._count("create_service")
         try:
-            self.core.create_namespaced_service(body["metadata"]["namespace"], body)
+            self._call("create_service", self.core.create_namespaced_service, body["metadata"]["namespace"], body)
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -129,33 +248,34 @@ class Api:
         """Bring a Service to `body` in the fields tidal owns: "created", "updated", "unchanged"
         (no write), or "conflict" (the name is taken by a Service another owner controls)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        self._count("get_service")
         try:
-            read = self.core.read_namespaced_service(name, namespace)
+            read = self._call("get_service", self.core.read_namespaced_service, name, namespace)
             current = self.core.api_client.sanitize_for_serialization(read)
         except ApiException as e:
             if e.status != 404:
                 raise
-            self._count("create_service")
-            self.core.create_namespaced_service(namespace, body)
+            self._call("create_service", self.core.create_namespaced_service, namespace, body)
             return "created"
         if not controlled_by_owner(current, body):
             return "conflict"
         update = service_update(current, body)
         if update is None:
             return "unchanged"
-        self._count("update_service")
         # A PUT carries the resourceVersion read: a concurrent change fails (409) and is retried.
-        self.core.replace_namespaced_service(name, namespace, update)
+        self._call("update_service", self.core.replace_namespaced_service, name, namespace, update)
         return "updated"
 
     # -- NVIDIA ComputeDomains (resource.nvidia.com) ------------------------------------------
     def compute_domains_installed(self) -> bool:
         """Whether the API server serves ComputeDomains (the NVIDIA DRA driver's CRD is installed).
         A discovery read: any authenticated identity may make it."""
-        self._count("discover_compute_domains")
         try:
-            resources = self.custom.get_api_resources(COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION)
+            resources = self._call(
+                "discover_compute_domains",
+                self.custom.get_api_resources,
+                COMPUTE_DOMAIN_GROUP,
+                COMPUTE_DOMAIN_VERSION,
+            )
         except ApiException as e:
             if e.status == 404:
                 return False
@@ -169,19 +289,29 @@ class Api:
         finalizer waits for its IMEX daemons): pods made now would claim a template about to go,
         so the caller holds them back and tries again next cycle. Likewise (DomainOwnedElsewhere)
         when its controller ownerReference is not the body's owner (same name, other uid)."""
-        self._count("create_compute_domain")
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            self.custom.create_namespaced_custom_object(
-                COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, body
+            self._call(
+                "create_compute_domain",
+                self.custom.create_namespaced_custom_object,
+                COMPUTE_DOMAIN_GROUP,
+                COMPUTE_DOMAIN_VERSION,
+                namespace,
+                COMPUTE_DOMAIN_PLURAL,
+                body,
             )
             return True
         except ApiException as e:
             if e.status != 409:
                 raise
-        self._count("get_compute_domain")
-        existing = self.custom.get_namespaced_custom_object(
-            COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, name
+        existing = self._call(
+            "get_compute_domain",
+            self.custom.get_namespaced_custom_object,
+            COMPUTE_DOMAIN_GROUP,
+            COMPUTE_DOMAIN_VERSION,
+            namespace,
+            COMPUTE_DOMAIN_PLURAL,
+            name,
         )
         if (existing.get("metadata") or {}).get("deletionTimestamp"):
             raise DomainTerminating(f"ComputeDomain {namespace}/{name} is still being deleted")
@@ -193,29 +323,62 @@ class Api:
         return False
 
     def delete_compute_domain(self, namespace: str, name: str) -> None:
-        self._count("delete_compute_domain")
         try:
-            self.custom.delete_namespaced_custom_object(
-                COMPUTE_DOMAIN_GROUP, COMPUTE_DOMAIN_VERSION, namespace, COMPUTE_DOMAIN_PLURAL, name
+            self._call(
+                "delete_compute_domain",
+                self.custom.delete_namespaced_custom_object,
+                COMPUTE_DOMAIN_GROUP,
+                COMPUTE_DOMAIN_VERSION,
+                namespace,
+                COMPUTE_DOMAIN_PLURAL,
+                name,
             )
         except ApiException as e:
             if e.status != 404:
                 raise
 
     # -- tidal resources --------------------------------------------------------------------
-    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict[str, Any]) -> bool:
-        """Merge-patch the status subresource; False if the object is gone."""
-        self._count("patch_status")
-        body = {"status": status}
+    def patch_status(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> str | None:
+        """Merge-patch the status subresource. With `resource_version` the patch applies only to
+        that version of the object: StatusConflict (409) if it changed since.
+
+        Returns the object's new resourceVersion ("" if the answer lacks it), or None if the patch
+        was not made (the object is gone, or an error that is logged: the next cycle decides again)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             if namespace:
-                self.custom.patch_namespaced_custom_object_status(
-                    API_GROUP, API_VERSION, namespace, PLURALS[kind], name, body
+                answer = self._call(
+                    "patch_status",
+                    self.custom.patch_namespaced_custom_object_status,
+                    API_GROUP,
+                    API_VERSION,
+                    namespace,
+                    PLURALS[kind],
+                    name,
+                    body,
                 )
             else:
-                self.custom.patch_cluster_custom_object_status(API_GROUP, API_VERSION, PLURALS[kind], name, body)
-            return True
+                answer = self._call(
+                    "patch_status",
+                    self.custom.patch_cluster_custom_object_status,
+                    API_GROUP,
+                    API_VERSION,
+                    PLURALS[kind],
+                    name,
+                    body,
+                )
         except ApiException as e:
+            if e.status == 409 and resource_version:
+                raise StatusConflict(f"{kind} {namespace}/{name} changed since version {resource_version}") from e
             if e.status != 404:  # the next cycle retries the same write; never abort the cycle over it
                 log.warning(
                     "status patch failed",
@@ -225,22 +388,67 @@ class Api:
                     status=e.status,
                     reason=str(e.reason),
                 )
-            return False
+            return None
+        return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str] | None:
+        """(status, resourceVersion) as the API server holds them now (never from a cache);
+        None if the object is gone."""
+        try:
+            if namespace:
+                body = self._call(
+                    "get_status",
+                    self.custom.get_namespaced_custom_object_status,
+                    API_GROUP,
+                    API_VERSION,
+                    namespace,
+                    PLURALS[kind],
+                    name,
+                )
+            else:
+                body = self._call(
+                    "get_status",
+                    self.custom.get_cluster_custom_object_status,
+                    API_GROUP,
+                    API_VERSION,
+                    PLURALS[kind],
+                    name,
+                )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(body.get("status") or {}), str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str | None]) -> None:
-        self._count("annotate")
         body = {"metadata": {"annotations": annotations}}
         try:
             if namespace:
-                self.custom.patch_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURALS[kind], name, body)
+                self._call(
+                    "annotate",
+                    self.custom.patch_namespaced_custom_object,
+                    API_GROUP,
+                    API_VERSION,
+                    namespace,
+                    PLURALS[kind],
+                    name,
+                    body,
+                )
             else:
-                self.custom.patch_cluster_custom_object(API_GROUP, API_VERSION, PLURALS[kind], name, body)
+                self._call(
+                    "annotate",
+                    self.custom.patch_cluster_custom_object,
+                    API_GROUP,
+                    API_VERSION,
+                    PLURALS[kind],
+                    name,
+                    body,
+                )
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
-        self._count("create_supernode")
         body = {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
             "kind": "Supernode",
@@ -248,7 +456,9 @@ class Api:
             "spec": spec,
         }
         try:
-            self.custom.create_cluster_custom_object(API_GROUP, API_VERSION, "supernodes", body)
+            self._call(
+                "create_supernode", self.custom.create_cluster_custom_object, API_GROUP, API_VERSION, "supernodes", body
+            )
             return True
         except ApiException as e:
             if e.status == 409:
@@ -258,7 +468,6 @@ class Api:
     def event(
         self, kind: str, namespace: str | None, name: str, uid: str, reason: str, message: str, warning: bool = False
     ) -> None:
-        self._count("create_event")
         ts = dt.datetime.now(dt.UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace or "default"),
@@ -275,5 +484,14 @@ class Api:
             reporting_component="tidal.dev/operator",
             reporting_instance="tidal",
         )
-        with contextlib.suppress(ApiException):  # events are best effort: never fail a reconcile over one
-            self.core.create_namespaced_event(namespace or "default", body)
+        # Events are best effort: never retried (a throttled server gets no extra load for them),
+        # never a reason to fail a reconcile.
+        with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError, OSError):
+            self._call("create_event", self.core.create_namespaced_event, namespace or "default", body, retry=False)
+
+
+def _brief(error: BaseException) -> str:
+    """An error for the log: the status of an ApiException, not its whole response body."""
+    if isinstance(error, ApiException):
+        return f"HTTP {error.status} {error.reason}"
+    return f"{type(error).__name__}: {str(error)[:200]}"

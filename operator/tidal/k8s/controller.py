@@ -19,7 +19,7 @@ from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.pools import pool_allocations, pool_domain_held_nodes
+from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
@@ -101,6 +101,8 @@ class Controller:
         self.service_conflicts: dict[tuple[str, str], float] = {}
         self.domains = ComputeDomainSupport(self._probe_domains)
         self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
+        self.loads = LoadPoller(self.settings.rebalance.load_sources)
+        """Pools' Prometheus loads, sampled off the cycle (its thread starts when a pool names a source)."""
         self.domains_deleted: frozenset[tuple[str, str]] = frozenset()
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
 
@@ -288,7 +290,8 @@ class Controller:
             cyc.write_status(view, new)
 
         cyc.quotas = self._quotas(statuses, pools)
-        pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance)
+        self.loads.forget(set(pools))
+        pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)

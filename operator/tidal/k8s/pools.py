@@ -7,9 +7,12 @@ Scale-up is decided by the rebalancer (rebalancing.py), which may take GPUs from
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -28,6 +31,11 @@ LOAD_ANNOTATION = "tidal.dev/load-rps"
 PROMETHEUS_TIMEOUT_SECONDS = 2.0
 PROMETHEUS_MAX_BYTES = 1 << 20
 """A larger answer is refused unread: one instant sample is a few hundred bytes."""
+
+LOAD_POLL_SECONDS = 10.0
+"""How often the poller asks each pool's Prometheus load source."""
+LOAD_STALE_SECONDS = 60.0
+"""A sample older than this is no sample: the pool's load is unknown, as when a query fails."""
 
 QueryFn = Callable[[str, str], float]
 log = structlog.get_logger("tidal")
@@ -84,6 +92,117 @@ def read_load(
     except Exception as e:  # a broken signal must not stop the cycle; the schedule floor still holds
         log.warning("load query failed", pool=view.ref, server=server, error=str(e))
         return None, f"query to Prometheus load source {server!r} failed ({type(e).__name__}); see the operator log"
+
+
+def pool_load(
+    view: ResourceView, sources: Mapping[str, str] | None, loads: LoadPoller | None
+) -> tuple[float | None, str | None]:
+    """`read_load` as the cycle may call it: a Prometheus query is never made here, only its
+    last sample read from `loads` (without one, the load is unknown)."""
+    load = view.spec.get("load") or {}
+    server = (load.get("prometheus") or {}).get("server") or ""
+    if load.get("source", "Annotation") != "Prometheus" or server not in (sources or {}):
+        return read_load(view, sources)  # the annotation, or the not-configured error: no network
+    if loads is None:
+        return None, f"Prometheus load source {server!r} is not polled"
+    return loads.read(view)
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    query: tuple[str, str]
+    """(source name, query) the sample answers: a pool whose spec names another waits for its own."""
+    rate: float | None
+    error: str | None
+    at: float
+    """time.monotonic() when the answer came."""
+
+
+class LoadPoller:
+    """Pools' Prometheus loads, queried by a thread of its own, never by the controller cycle: a
+    source that answers slowly or never would otherwise stall all scheduling. The cycle reads the
+    last sample (`read`); one older than `stale_seconds` counts as no load signal at all. The
+    thread starts at the first read, so an operator whose pools name no source runs none."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, str],
+        query: QueryFn | None = None,
+        interval_seconds: float = LOAD_POLL_SECONDS,
+        stale_seconds: float = LOAD_STALE_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        self.sources = dict(sources)
+        self.query = query or prometheus_instant
+        self.interval_seconds = interval_seconds
+        self.stale_seconds = stale_seconds
+        self._monotonic = monotonic
+        self._wanted: dict[str, ResourceView] = {}
+        self._samples: dict[str, LoadSample] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read(self, view: ResourceView) -> tuple[float | None, str | None]:
+        """(rate, error) from the pool's last sample; never waits for the network."""
+        wanted = _load_query(view)
+        with self._lock:
+            known = self._wanted.get(view.uid)
+            self._wanted[view.uid] = view
+            sample = self._samples.get(view.uid)
+        if known is None or _load_query(known) != wanted:
+            self._wake.set()  # a new pool or query: asked at once, not at the next round
+        self._ensure_started()
+        server = wanted[0]
+        if sample is None or sample.query != wanted:
+            return None, f"no sample from Prometheus load source {server!r} yet"
+        age = self._monotonic() - sample.at
+        if age > self.stale_seconds:
+            return None, f"no sample from Prometheus load source {server!r} for {age:.0f}s; see the operator log"
+        return sample.rate, sample.error
+
+    def forget(self, live_uids: set[str]) -> None:
+        with self._lock:
+            for store in (self._wanted, self._samples):
+                for uid in [u for u in store if u not in live_uids]:
+                    del store[uid]
+
+    def poll_once(self) -> None:
+        """Ask every wanted pool's source once (the thread's round; tests call it directly)."""
+        with self._lock:
+            views = list(self._wanted.values())
+        for view in views:
+            if self._stop.is_set():
+                return
+            rate, error = read_load(view, self.sources, self.query)
+            sample = LoadSample(_load_query(view), rate, error, self._monotonic())
+            with self._lock:
+                if view.uid in self._wanted:
+                    self._samples[view.uid] = sample
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def _ensure_started(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tidal-load-poller", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.poll_once()
+            except Exception:  # the poller must outlive any one bad answer
+                log.exception("load poll failed")
+            self._wake.wait(self.interval_seconds)
+
+
+def _load_query(view: ResourceView) -> tuple[str, str]:
+    prometheus = (view.spec.get("load") or {}).get("prometheus") or {}
+    return prometheus.get("server") or "", prometheus.get("query") or ""
 
 
 def prometheus_instant(url: str, query: str) -> float:

@@ -16,9 +16,10 @@ from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import (
     DOMAIN_PODS_SHARE_NODE,
+    LoadPoller,
     add_replicas,
     pool_conditions,
-    read_load,
+    pool_load,
     reconcile_pool,
     shared_domain_pods,
     spec_problem,
@@ -73,9 +74,15 @@ def budget_left(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> int 
 
 
 def rebalance_pools(
-    cyc: Cycle, pools: Statuses, jobs: Statuses, tracker: DemandTracker, settings: RebalanceSettings
+    cyc: Cycle,
+    pools: Statuses,
+    jobs: Statuses,
+    tracker: DemandTracker,
+    settings: RebalanceSettings,
+    loads: LoadPoller | None = None,
 ) -> bool:
-    """Reconcile every pool and grow those below desired. True if any pool still waits for GPUs."""
+    """Reconcile every pool and grow those below desired. True if any pool still waits for GPUs.
+    `loads`: the pools' Prometheus load samples (without it, such a pool's load is unknown)."""
     waiting = False
     tracker.forget({view.uid for view, _ in pools.values()})
     order = sorted(pools.values(), key=lambda item: (-cyc.priorities.of(item[0]), item[0].created))
@@ -91,7 +98,7 @@ def rebalance_pools(
             pools[view.uid] = (view, new)
             cyc.write_status(view, new)
             continue
-        rate, error = read_load(view, settings.load_sources)
+        rate, error = pool_load(view, settings.load_sources, loads)
         raw, why = desired_replicas(view.spec, cyc.now, rate)
         desired = tracker.stabilized(view.uid, cyc.now, raw)
         if desired > raw:

@@ -21,11 +21,14 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
-    from tidal.k8s.api import Api, load_client
+    from tidal.k8s.api import Api, RetryPolicy, load_client
     from tidal.k8s.controller import Controller, ControllerSettings
     from tidal.k8s.rebalancing import RebalanceSettings
 
-    api = Api(load_client(str(args.kubeconfig) if args.kubeconfig else None))
+    api = Api(
+        load_client(str(args.kubeconfig) if args.kubeconfig else None),
+        policy=RetryPolicy(timeout_seconds=args.api_timeout),
+    )
     if not args.standalone and not _peering_ready(api, args):
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
@@ -90,6 +93,13 @@ def load_sources(values: list[str]) -> dict[str, str]:
             raise SystemExit(f"--load-source {value!r}: expected NAME=http(s)://host[:port][/path], NAME a DNS label")
         sources[name] = url
     return sources
+
+
+def _positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds above 0")
+    return seconds
 
 
 def peering_priority(value: str) -> int:
@@ -157,6 +167,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="honour the deprecated integer spec.priority of workloads without spec.priorityClassName "
         "(only where every tenant may outrank every other)",
+    )
+    parser.add_argument(
+        "--api-timeout",
+        type=_positive_seconds,
+        default=15.0,
+        help="read timeout of each Kubernetes API request in seconds (connect: at most 5); "
+        "429, 5xx and timeouts are retried with capped exponential backoff",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument(

@@ -3,6 +3,13 @@
 The watch (and so the kopf index) lags our own writes by a little; the ledger holds what we wrote
 until the index shows it. Statuses are validated against the pydantic models before they are sent:
 the CRD schema would otherwise silently prune a misspelt field.
+
+Every write carries the resourceVersion of the status it was decided from: the one the ledger
+holds (what our last write returned) while the index lags, else the one the index read. A 409
+means the object moved on since. Moved by something that left the status as we decided from it
+(our own write through a lagging index, an annotation, a spec edit), the write is sent again
+against the fresh version; moved to a status of someone else's, it is not sent: the write fails,
+the fresh status goes into the ledger, and the next cycle decides from it.
 """
 
 from __future__ import annotations
@@ -10,13 +17,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import structlog
+
 from tidal.k8s import compact
-from tidal.k8s.api import Api
+from tidal.k8s.api import Api, StatusConflict
 from tidal.k8s.state import ResourceView
 from tidal.model import InferencePoolStatus, SupernodeStatus, TrainingJobStatus
 
 _MODELS = {"TrainingJob": TrainingJobStatus, "InferencePool": InferencePoolStatus, "Supernode": SupernodeStatus}
 LEDGER_TTL_SECONDS = 60.0
+CONFLICT_ATTEMPTS = 3
+"""Sends of one status write at most: each 409 that finds the status still as decided from
+re-reads the object and sends again; a third 409 in a row leaves it to the next cycle."""
+log = structlog.get_logger("tidal")
 
 
 def set_condition(
@@ -49,7 +62,8 @@ class StatusWriter:
 
     def __init__(self, api: Api):
         self.api = api
-        self._ledger: dict[str, tuple[dict[str, Any], float]] = {}
+        self._ledger: dict[str, tuple[dict[str, Any], float, str]] = {}
+        """uid -> (status as held, when, the object's resourceVersion holding it)."""
         self._decoded: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def observed(self, view: ResourceView) -> dict[str, Any]:
@@ -68,34 +82,86 @@ class StatusWriter:
         entry = self._ledger.get(view.uid)
         if entry is None:
             return observed
-        written, at = entry
+        written, at, _ = entry
         caught_up = all(observed.get(k) == v for k, v in written.items())
         if caught_up or time.monotonic() - at > LEDGER_TTL_SECONDS:
             del self._ledger[view.uid]
             return observed
         return written
 
+    def version(self, view: ResourceView) -> str:
+        """The resourceVersion of the status `effective` returns."""
+        entry = self._ledger.get(view.uid)
+        return entry[2] if entry is not None else view.resource_version
+
     def write(self, view: ResourceView, status: dict[str, Any]) -> bool:
         """Send `status` if it differs from the effective one; keys it lacks are removed.
-        Returns False only when the patch failed (the caller must try again), else True."""
+        Returns False when it was not written (the caller must decide again), else True."""
         status = {k: v for k, v in status.items() if v is not None}
-        current = self.effective(view)
-        if all(current.get(k) == v for k, v in status.items()) and set(current) <= set(status) | _defaulted(current):
+        base = self.effective(view)
+        if _holds(base, status):
             return True
         wire = compact.to_wire(status) if view.kind == "TrainingJob" else status
         _MODELS[view.kind].model_validate(wire)
-        wire_current = compact.to_wire(current) if view.kind == "TrainingJob" else current
-        patch: dict[str, Any] = {k: None for k in {*wire_current, *view.status} if k not in wire}
-        patch.update(wire)
-        if not self.api.patch_status(view.kind, view.namespace, view.name, patch):
-            return False
-        self._ledger[view.uid] = (status, time.monotonic())
-        return True
+        wire_base = compact.to_wire(base) if view.kind == "TrainingJob" else base
+        olds = [wire_base, view.status]
+        version = self.version(view)
+        for _ in range(CONFLICT_ATTEMPTS):
+            patch = _merge_patch(olds, wire)
+            try:
+                written = self.api.patch_status(view.kind, view.namespace, view.name, patch, version or None)
+            except StatusConflict:
+                fresh = self.api.read_status(view.kind, view.namespace, view.name)
+                if fresh is None:
+                    return False
+                fresh_wire, version = fresh
+                held = compact.from_wire(fresh_wire) if view.kind == "TrainingJob" else fresh_wire
+                if _holds(held, status):  # a send whose answer was lost had made it after all
+                    self._ledger[view.uid] = (status, time.monotonic(), version)
+                    return True
+                if not _holds(held, base):
+                    self._refuse(view, held, version)
+                    return False
+                olds.append(fresh_wire)
+                continue
+            if written is None:
+                return False
+            self._ledger[view.uid] = (status, time.monotonic(), written)
+            return True
+        log.warning("status write conflicted repeatedly", kind=view.kind, namespace=view.namespace, name=view.name)
+        return False
+
+    def _refuse(self, view: ResourceView, held: dict[str, Any], version: str) -> None:
+        """Another writer changed the status since it was decided from: keep theirs, and make the
+        next cycle decide from it even if the index has not shown it yet."""
+        log.warning(
+            "status changed by another writer; not overwritten, decided again next cycle",
+            kind=view.kind,
+            namespace=view.namespace,
+            name=view.name,
+        )
+        self._ledger[view.uid] = (held, time.monotonic(), version)
 
     def forget(self, live_uids: set[str]) -> None:
         for store in (self._ledger, self._decoded):
             for uid in [u for u in store if u not in live_uids]:
                 del store[uid]
+
+
+def _merge_patch(olds: list[dict[str, Any]], new: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns any of `olds` into `new`. The server merges
+    nested objects too: a key gone from one (status.load.error once the load is read again) must
+    be sent as null, or it stays for good."""
+    patch: dict[str, Any] = {k: None for old in olds for k in old if k not in new}
+    for k, v in new.items():
+        nested = [old[k] for old in olds if isinstance(old.get(k), dict)]
+        patch[k] = _merge_patch(nested, v) if nested and isinstance(v, dict) else v
+    return patch
+
+
+def _holds(current: dict[str, Any], status: dict[str, Any]) -> bool:
+    """`current` is `status`, but for keys the API server defaulted."""
+    return all(current.get(k) == v for k, v in status.items()) and set(current) <= set(status) | _defaulted(current)
 
 
 def _defaulted(status: dict[str, Any]) -> set[str]:

@@ -62,8 +62,13 @@ def apply_actions(
     across cycles (see `Controller.resync_due`); without them every pool Service is applied."""
     applied = Applied()
     for view, status in plan.statuses:
+        key = (view.kind, view.namespace, view.name)
+        # A later write of an object was decided on top of its earlier one: with that one refused
+        # (say, another writer changed the status), the later one must not be sent either.
+        if key in applied.failed_statuses:
+            continue
         if not _logged(lambda s: writer.write(*s), "write_status")((view, status)):
-            applied.failed_statuses.add((view.kind, view.namespace, view.name))
+            applied.failed_statuses.add(key)
     send_event = _logged(lambda e: api.event(*e), "event")
     for view, reason, message, warning in plan.events:
         log.info("event", kind=view.kind, namespace=view.namespace, name=view.name, reason=reason, message=message)

@@ -1,0 +1,48 @@
+"""Optimistic status writes against the real API server: a status merge patch that names a
+resourceVersion is refused (409) once the object moved on, and tidal's StatusWriter sends again
+after a metadata change but never overwrites a status another writer changed.
+
+No operator runs here: the test is the only writer, so it plays both sides."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidal.k8s.api import Api, StatusConflict, load_client
+from tidal.k8s.state import resource_view
+from tidal.k8s.status import StatusWriter
+
+from .kube import Kube
+from .test_operator import job, submit
+
+
+def read(kube: Kube, namespace: str, name: str) -> dict:
+    return kube.get("trainingjob", name, "-n", namespace)
+
+
+def test_a_status_patch_naming_an_old_version_is_refused_by_the_api_server(kube: Kube, namespace: str):
+    submit(kube, namespace, job("a"))
+    api = Api(load_client(str(kube.kubeconfig)), workers=1)
+    old = read(kube, namespace, "a")["metadata"]["resourceVersion"]
+    new = api.patch_status("TrainingJob", namespace, "a", {"phase": "Pending", "reason": "one"}, old)
+    assert new and new != old
+    with pytest.raises(StatusConflict):
+        api.patch_status("TrainingJob", namespace, "a", {"reason": "two"}, old)
+    assert read(kube, namespace, "a")["status"]["reason"] == "one"
+    status, version = api.read_status("TrainingJob", namespace, "a")
+    assert status["reason"] == "one" and version == new
+
+
+def test_the_writer_resends_after_a_metadata_change_and_keeps_a_foreign_status(kube: Kube, namespace: str):
+    submit(kube, namespace, job("a"))
+    api = Api(load_client(str(kube.kubeconfig)), workers=1)
+    writer = StatusWriter(api)
+    stale = resource_view(read(kube, namespace, "a"))  # the index, which never catches up here
+    assert writer.write(stale, {"phase": "Pending", "reason": "one"})
+    kube.run("annotate", "-n", namespace, "trainingjob", "a", "team=x")
+    assert writer.write(stale, {"phase": "Pending", "reason": "two"}), "an annotation is no reason to give up"
+    assert read(kube, namespace, "a")["status"]["reason"] == "two"
+    api.patch_status("TrainingJob", namespace, "a", {"phase": "Suspended", "reason": "theirs"})  # unconditional
+    assert not writer.write(stale, {"phase": "Pending", "reason": "three"})
+    assert read(kube, namespace, "a")["status"]["reason"] == "theirs", "never clobbered"
+    assert writer.effective(stale)["reason"] == "theirs"

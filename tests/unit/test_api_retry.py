@@ -1,0 +1,178 @@
+"""Every Kubernetes API call has a request timeout, and a transient answer (429, 5xx, no answer)
+is retried with capped exponential backoff and full jitter, honouring Retry-After.
+
+The schedule is checked as a function; the calls go to a real HTTP server on 127.0.0.1 through
+the real Kubernetes client, as the operator's do."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tidal.k8s.api import Api, RetryPolicy, backoff_delay, load_client, retry_after_seconds
+
+POLICY = RetryPolicy(backoff_base_seconds=0.2, backoff_cap_seconds=5.0)
+
+
+def test_full_jitter_stays_within_the_doubling_bound_and_the_cap():
+    rng = random.Random(1)
+    for attempt in range(1, 10):
+        bound = min(5.0, 0.2 * 2 ** (attempt - 1))
+        delays = [backoff_delay(POLICY, attempt, rng) for _ in range(2000)]
+        assert all(0.0 <= d <= bound for d in delays)
+        assert max(delays) > 0.9 * bound and min(delays) < 0.1 * bound, "spread over the whole range"
+    assert max(backoff_delay(POLICY, 30, rng) for _ in range(200)) <= 5.0
+
+
+def test_retry_after_is_waited_out_and_a_longer_one_is_left_to_the_next_cycle():
+    rng = random.Random(2)
+    for attempt in (1, 3):
+        delays = [backoff_delay(POLICY, attempt, rng, retry_after=1.0) for _ in range(500)]
+        assert all(1.0 <= d <= min(1.0 + 0.2 * 2 ** (attempt - 1), 5.0) for d in delays)
+    assert backoff_delay(POLICY, 1, rng, retry_after=4.9) <= 5.0
+    assert backoff_delay(POLICY, 1, rng, retry_after=60.0) is None
+
+
+def test_retry_after_is_read_in_seconds_or_as_an_http_date():
+    def throttled(value: str) -> ApiException:
+        e = ApiException(status=429)
+        e.headers = {"Retry-After": value}
+        return e
+
+    assert retry_after_seconds(throttled("2")) == 2.0
+    assert retry_after_seconds(throttled("Wed, 21 Oct 2015 07:28:00 GMT")) == 0.0  # in the past
+    assert retry_after_seconds(throttled("soon")) is None
+    assert retry_after_seconds(ApiException(status=500)) is None
+
+
+class Server:
+    """An API server on 127.0.0.1 that answers pod creates from a script: each entry an HTTP
+    status (with Retry-After: 0 on 429), or "hang" (no answer for `hang_seconds`)."""
+
+    def __init__(self, script: list[int | str], hang_seconds: float = 5.0):
+        self.script = list(script)
+        self.served: list[int | str] = []
+        self.hang_seconds = hang_seconds
+        self.stop = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                step = owner.script.pop(0) if owner.script else 201
+                owner.served.append(step)
+                if step == "hang":
+                    owner.stop.wait(owner.hang_seconds)
+                    return
+                body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
+                if step != 201:
+                    body = json.dumps({"kind": "Status", "code": step, "reason": "Injected"}).encode()
+                self.send_response(int(step))
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                if step == 429:
+                    self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def api(self, tmp_path: Path, policy: RetryPolicy, sleeps: list[float]) -> Api:
+        kubeconfig = tmp_path / "kubeconfig"
+        server = f"http://127.0.0.1:{self.http.server_port}"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "t",
+                    "clusters": [{"name": "t", "cluster": {"server": server}}],
+                    "users": [{"name": "t", "user": {}}],
+                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                }
+            )
+        )
+        return Api(load_client(str(kubeconfig)), workers=1, policy=policy, sleep=sleeps.append)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[type[Server]]:
+    made: list[Server] = []
+
+    def make(*args, **kwargs) -> Server:
+        made.append(Server(*args, **kwargs))
+        return made[-1]
+
+    yield make  # type: ignore[misc]
+    for s in made:
+        s.close()
+
+
+POD = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+
+def test_throttling_and_server_errors_are_retried_with_backoff(server, tmp_path):
+    s = server([429, 503, 500])
+    sleeps: list[float] = []
+    api = s.api(tmp_path, RetryPolicy(attempts=4), sleeps)
+    assert api.create_pod(POD) is True
+    assert s.served == [429, 503, 500, 201]
+    assert len(sleeps) == 3 and all(0.0 <= d <= min(5.0, 0.2 * 2**i) for i, d in enumerate(sleeps))
+    assert api.requests["create_pod"] == 4, "every attempt is a request"
+
+
+def test_a_create_retried_after_it_was_committed_finds_it_made(server, tmp_path):
+    """A 500 after commit, then AlreadyExists on the retry: the pod is there, as create_pod says."""
+    s = server([500, 409])
+    assert s.api(tmp_path, RetryPolicy(), []).create_pod(POD) is False
+    assert s.served == [500, 409]
+
+
+def test_a_client_error_is_not_retried_and_attempts_are_bounded(server, tmp_path):
+    s = server([400])
+    with pytest.raises(ApiException):
+        s.api(tmp_path, RetryPolicy(), []).create_pod(POD)
+    assert s.served == [400]
+    s = server([503] * 10)
+    with pytest.raises(ApiException):
+        s.api(tmp_path, RetryPolicy(attempts=3), []).create_pod(POD)
+    assert s.served == [503] * 3
+
+
+def test_a_server_that_never_answers_times_out_and_is_retried(server, tmp_path):
+    s = server(["hang", "hang"], hang_seconds=10.0)
+    sleeps: list[float] = []
+    api = s.api(tmp_path, RetryPolicy(timeout_seconds=0.5, attempts=3), sleeps)
+    started = time.monotonic()
+    assert api.create_pod(POD) is True
+    assert time.monotonic() - started < 4.0, "two timed-out attempts, then the answer"
+    assert s.served == ["hang", "hang", 201] and len(sleeps) == 2
+
+
+def test_retries_stop_at_the_call_budget(server, tmp_path):
+    s = server(["hang"] * 5, hang_seconds=10.0)
+    policy = RetryPolicy(timeout_seconds=0.4, attempts=10, budget_seconds=1.0, backoff_base_seconds=0.01)
+    started = time.monotonic()
+    with pytest.raises(Exception, match=r"(?i)timed out"):
+        s.api(tmp_path, policy, []).create_pod(POD)
+    assert time.monotonic() - started < 2.5
+    assert 2 <= len(s.served) <= 3
