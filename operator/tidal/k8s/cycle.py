@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
+from tidal.k8s.taints import tolerations_of, untolerated
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -175,6 +177,31 @@ class Cycle:
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
+
+    @contextmanager
+    def tolerating(self, template: dict[str, Any] | None) -> Iterator[None]:
+        """Plan one workload: the tainted nodes its pod template tolerates are usable inside.
+
+        The snapshot marks every NoSchedule/NoExecute-tainted node unusable (the pure core knows
+        no tolerations); a workload that tolerates some gets them back for its own planning only,
+        and they are marked again after, with whatever it booked there kept. Unjournaled flips:
+        the node's state after the block is what it was, plus the bookings (journaled themselves)."""
+        tolerations = tolerations_of(template)
+        lifted: list[str] = []
+        if tolerations:
+            nodes, snapshot = self.state.nodes, self.snapshot
+            for name in self.state.tainted:
+                state, node = snapshot.nodes.get(name), nodes.get(name)
+                if state is None or node is None or not state.tainted:
+                    continue
+                if not untolerated(node.taints, tolerations):
+                    ClusterSnapshot.update_node(snapshot, name, tainted=False)
+                    lifted.append(name)
+        try:
+            yield
+        finally:
+            for name in lifted:
+                ClusterSnapshot.update_node(self.snapshot, name, tainted=True)
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)

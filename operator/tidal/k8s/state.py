@@ -11,6 +11,7 @@ from typing import Any
 
 from tidal import API_GROUP
 from tidal.k8s import labels
+from tidal.k8s.taints import Taint, blocking, taints_of
 from tidal.placement.compute_domains import CLAIM_NAME
 
 
@@ -29,6 +30,7 @@ class NodeView:
     capacity: dict[str, int]
     ready: bool
     unschedulable: bool
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def node_view(body: dict[str, Any]) -> NodeView:
         capacity=capacity,
         ready=conditions.get("Ready") == "True",
         unschedulable=bool(spec.get("unschedulable")),
+        taints=taints_of(spec),
     )
 
 
@@ -209,6 +212,11 @@ class ClusterState:
     """(namespace, name) -> tidal.k8s.quota.QuotaView of every ResourceQuota."""
 
     _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
+
+    @property
+    def tainted(self) -> set[str]:
+        """Nodes with a NoSchedule or NoExecute taint (the watch cache keeps this as an index)."""
+        return {name for name, node in self.nodes.items() if blocking(node.taints)}
 
     def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
         if self._by_owner is None:

@@ -430,7 +430,10 @@ def _replace_groups(
         group_ids=groups,
         prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
     )
-    plan = plan_gang(cyc.snapshot, request)
+    with cyc.tolerating(view.spec.get("template")):
+        plan = plan_gang(cyc.snapshot, request)
+        if isinstance(plan, PlacementPlan):
+            apply_plan(cyc.snapshot, plan)
     if not isinstance(plan, PlacementPlan):
         for g in groups:  # put the bookkeeping back; the caller restarts the whole gang
             for node in placement[g]["nodes"]:
@@ -438,7 +441,6 @@ def _replace_groups(
                 if node_state is not None:
                     cyc.snapshot.update_node(node, allocated=node_state.allocated + gpp)
         return None
-    apply_plan(cyc.snapshot, plan)
     for g in groups:
         for i in range(shape.pods_per_group):
             name = pod_name(view.name, g * shape.pods_per_group + i)
