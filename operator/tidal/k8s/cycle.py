@@ -24,7 +24,7 @@ from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.taints import tolerations_of, untolerated
+from tidal.k8s.taints import out_of_service, tolerations_of, untolerated
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -167,13 +167,19 @@ class Cycle:
         self.plan.annotations.append((kind, namespace, name, annotations))
 
     def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
-        """Delete once; at once (grace 0) when its node is gone, as no kubelet will confirm."""
+        """Delete once. Forced (grace 0) only when no kubelet can still run the pod: its node
+        object is gone, or carries the out-of-service taint (an admin fenced it). A NotReady node
+        may be merely partitioned and still running the pod: its delete waits for the kubelet (or
+        a fence), and as pod names are fixed per rank, no second copy is made meanwhile."""
         if pod.terminating or pod.uid in self.deleted_uids:
             return
         node = self.state.nodes.get(pod.node or "")
+        fenced = node is None or out_of_service(node.taints)
+        # Otherwise a caller's "at once" becomes the shortest grace that still waits for the kubelet.
+        grace = 0 if fenced else 1 if grace_seconds == 0 else grace_seconds
         self.deleted_uids.add(pod.uid)
         self.plan.delete_uids[(pod.namespace, pod.name)] = pod.uid
-        self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
+        self.pod_deletes.append((pod.namespace, pod.name, grace))
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""

@@ -15,6 +15,9 @@ NO_EXECUTE = "NoExecute"
 BLOCKING_EFFECTS = frozenset({NO_SCHEDULE, NO_EXECUTE})
 """Effects that keep an untolerating pod off a node; PreferNoSchedule is only a preference."""
 
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+"""The non-graceful node shutdown taint: an admin's word that the node runs nothing any more."""
+
 
 @dataclass(frozen=True, slots=True)
 class Taint:
@@ -72,3 +75,7 @@ def untolerated(taints: Iterable[Taint], tolerations: Iterable[Toleration]) -> t
     """The NoSchedule/NoExecute taints no toleration matches: any one keeps the pod off the node."""
     tolerations = tuple(tolerations)
     return tuple(t for t in blocking(taints) if not any(tol.tolerates(t) for tol in tolerations))
+
+
+def out_of_service(taints: Iterable[Taint]) -> bool:
+    return any(t.key == OUT_OF_SERVICE and t.effect in BLOCKING_EFFECTS for t in taints)
