@@ -1,5 +1,5 @@
-"""Taints at planning and fencing of NotReady nodes, on the in-memory cluster
-(tests/unit/fake_cluster.py) driving the real controller."""
+"""Taints at planning, the admission timeout, and fencing of NotReady nodes, on the in-memory
+cluster (tests/unit/fake_cluster.py) driving the real controller."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import datetime as dt
 from typing import Any
 
 from tidal.clock import FixedClock
-from tidal.k8s.controller import Controller
+from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.state import NodeView
 from tidal.k8s.taints import Taint, Toleration, untolerated
 
 from .fake_cluster import FakeCluster
+from .test_failures import SlowScheduler
 from .test_rebalance import TEMPLATE, run
 
 START = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
@@ -89,6 +90,125 @@ def test_a_group_whose_pod_a_no_execute_taint_evicted_is_not_placed_again_on_tai
     assert status["phase"] == "Running" and status["restarts"] == 1
     assert set(status["placement"][0]["nodes"]) == {*group["nodes"][1:], others[0]}
     assert evicted not in {p["spec"]["nodeName"] for p in cluster.pods_of("tidal.dev/job", "job")}
+
+
+# -- B: the admission timeout ---------------------------------------------------------------------
+
+
+def unschedulable(cluster: FakeCluster, pod: str, message: str) -> None:
+    body = cluster.pods[("ml", pod)]
+    cluster.pods[("ml", pod)] = {
+        **body,
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        },
+    }
+
+
+class Stuck(SlowScheduler):
+    """kube-scheduler binds every ungated pod except those on `refuse` nodes (a device plugin's
+    resources gone, a taint added after placement), which stay Pending with PodScheduled=False."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.refuse: set[str] = set()
+
+    def schedule(self) -> None:
+        for (namespace, name), pod in sorted(self.pods.items()):
+            spec = pod["spec"]
+            if spec.get("nodeName") or spec.get("schedulingGates"):
+                continue
+            terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            node = terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+            if node in self.refuse:
+                unschedulable(self, name, "0/36 nodes are available: 1 node(s) had untolerated taint {gpu: bad}.")
+            else:
+                bound = {**spec, "nodeName": node}
+                self.pods[(namespace, name)] = {**pod, "spec": bound, "status": {"phase": "Running"}}
+
+
+def cycles(cluster: Stuck, controller: Controller, n: int = 3) -> None:
+    for _ in range(n):
+        run(cluster, controller, cycles=1)
+        cluster.schedule()
+
+
+def test_a_pod_stuck_pending_past_the_admission_timeout_has_its_group_placed_again_with_the_why():
+    cluster = Stuck("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {**SPEC, "dp": 2})  # two groups of 4 pods
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    run(cluster, controller, cycles=1)
+    placement = cluster.status("TrainingJob", "ml", "job")["placement"]
+    bad = placement[1]["nodes"][2]
+    cluster.refuse.add(bad)
+    cycles(cluster, controller, 4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Admitted" and status["placement"] == placement, "waiting: within the timeout"
+
+    clock.advance(seconds=599)
+    cycles(cluster, controller, 2)
+    assert cluster.status("TrainingJob", "ml", "job")["placement"] == placement, "not yet"
+
+    clock.advance(seconds=2)
+    cluster.calls.clear()
+    cycles(cluster, controller, 4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running", status
+    assert status["placement"][0] == placement[0], "the group whose pods run stays where it is"
+    assert bad not in status["placement"][1]["nodes"], "the stuck group was placed again"
+    assert status.get("restarts", 0) == 0, "not a failure restart: the restart budget is left alone"
+    ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
+    assert ready["status"] == "True", "true again once every pod runs"
+    event = next(d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout")
+    assert "job-6" in event[2] and "Unschedulable: 0/36 nodes are available" in event[2], event
+    assert ("delete_pod", "job-4") in cluster.calls and ("delete_pod", "job-0") not in cluster.calls
+
+
+def test_the_admission_timeout_condition_names_the_pod_and_a_cordon_or_taint_and_survives_a_restart():
+    cluster = Stuck("nvl72", 1)  # one rack: nowhere else to go, so the gang is queued again
+    cluster.add("TrainingJob", "ml", "job", {**SPEC, "restartPolicy": {"scope": "Gang"}})
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    run(cluster, controller, cycles=1)
+    nodes = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    cluster.refuse.add(nodes[1])
+    taint(cluster, nodes[1], Taint("gpu", "bad", "NoSchedule"))
+    cycles(cluster, controller, 3)
+
+    clock.advance(minutes=11)
+    restarted = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))  # nothing in memory
+    cycles(cluster, restarted, 1)
+    status = cluster.status("TrainingJob", "ml", "job")
+    ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
+    assert ready["status"] == "False" and ready["reason"] == "AdmissionTimeout"
+    assert "pod job-1: Unschedulable" in ready["message"]
+    assert f"node {nodes[1]} has taint(s) gpu=bad:NoSchedule the pod does not tolerate" in ready["message"]
+    assert status.get("restarts", 0) == 0
+    # scope Gang: the whole gang is given back and queued; placed again off the tainted node.
+    cycles(cluster, restarted, 3)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running" and nodes[1] not in status["placement"][0]["nodes"]
+
+
+def test_a_settled_gang_waiting_for_its_pods_is_looked_at_again_when_the_timeout_passes():
+    cluster = Stuck("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=60))
+    run(cluster, controller, cycles=1)
+    nodes = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    cluster.refuse.add(nodes[3])
+    cycles(cluster, controller, 3)
+    # Nothing moves any more: the job is settled and skipped, yet the deadline must still fire.
+    for _ in range(3):
+        controller._last_start = 0.0
+        controller.cycle()
+    clock.advance(seconds=61)
+    controller._last_start = 0.0
+    controller.cycle()
+    assert nodes[3] not in cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
 
 
 # -- C: fencing -----------------------------------------------------------------------------------

@@ -245,6 +245,7 @@ def _admitted(
         "phase": "Admitted" if status["phase"] != "Restarting" else "Restarting",
         "reason": message,
         "admittedAt": cyc.stamp,
+        "placedAt": cyc.stamp,
         "conditions": conditions,
     }
 

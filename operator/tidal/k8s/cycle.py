@@ -114,6 +114,9 @@ class Cycle:
     """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
     quotas: Quotas = field(default_factory=Quotas)
     """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
+    admission_timeout: dt.timedelta | None = None
+    """How long a placed gang's pods may take to be bound and Running before the groups that are
+    not get placed again (None: never); counted from status.placedAt, so it survives restarts."""
     domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
     """(namespace, name) of ComputeDomains whose delete the previous cycle's write saw succeed (or
     404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted
@@ -208,6 +211,19 @@ class Cycle:
         finally:
             for name in lifted:
                 ClusterSnapshot.update_node(self.snapshot, name, tainted=True)
+
+    @contextmanager
+    def avoiding(self, nodes: Iterable[str]) -> Iterator[None]:
+        """Plan with these nodes unusable (cordoned in the snapshot for the block only)."""
+        snapshot = self.snapshot
+        flipped = [n for n in nodes if n in snapshot.nodes and not snapshot.nodes[n].cordoned]
+        for name in flipped:
+            ClusterSnapshot.update_node(snapshot, name, cordoned=True)
+        try:
+            yield
+        finally:
+            for name in flipped:
+                ClusterSnapshot.update_node(self.snapshot, name, cordoned=False)
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)

@@ -225,6 +225,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
                 **summary_fields(placement, bigger),
                 "phase": "Admitted",
                 "reason": f"expanding dp {shape.dp} -> {dp}",
+                "placedAt": cyc.stamp,
             }
             cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on free GPUs")
             cyc.count("moves:to-training:expand", dp - shape.dp)

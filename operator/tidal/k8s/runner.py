@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         supernode_label=args.supernode_label,
         max_cycle_age_seconds=args.max_cycle_age,
         spec_priority=args.spec_priority,
+        admission_timeout_seconds=args.admission_timeout,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
@@ -157,6 +158,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="honour the deprecated integer spec.priority of workloads without spec.priorityClassName "
         "(only where every tenant may outrank every other)",
+    )
+    parser.add_argument(
+        "--admission-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a placed gang whose pods are not all bound and Running this long after placement has those "
+        "groups placed again (condition PodsReady=False, reason AdmissionTimeout); 0 disables",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument(

@@ -54,6 +54,9 @@ class PodView:
     domain_claim: str | None = None
     """The ResourceClaimTemplate of its ComputeDomain channel claim, if it has one: a pod made
     before its job's domain was wanted has none (pod specs are immutable) until it is made again."""
+    not_scheduled: str | None = None
+    """Why kube-scheduler has not bound it ("Unschedulable: 0/3 nodes are available: ..."), from its
+    PodScheduled=False condition; None once scheduled or before the scheduler looked."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -103,6 +106,14 @@ def node_view(body: dict[str, Any]) -> NodeView:
         unschedulable=bool(spec.get("unschedulable")),
         taints=taints_of(spec),
     )
+
+
+def _not_scheduled(status: dict[str, Any]) -> str | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            reason, message = c.get("reason") or "", c.get("message") or ""
+            return f"{reason}: {message}" if reason and message else reason or message or "not scheduled"
+    return None
 
 
 def _pinned_node(spec: dict[str, Any]) -> str | None:
@@ -177,6 +188,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
             ),
             None,
         ),
+        not_scheduled=_not_scheduled(status) if owner else None,
     )
 
 
