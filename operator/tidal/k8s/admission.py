@@ -199,34 +199,35 @@ def _try_admit(
         return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
     dps = [dp for dp in dps if dp not in over_quota]
     misses: list[Unplaceable] = []
-    for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
-        shape = GangShape.of(view.spec, dp)
-        started = time.perf_counter()
-        plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
-        cyc.placements_ms.append((time.perf_counter() - started) * 1000)
-        if isinstance(plan, PlacementPlan):
-            if not compact.fits(compact.encode(placement_of(plan))):
-                return _pending(
-                    cyc,
-                    view,
-                    status,
-                    "PlacementTooLarge",
-                    f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
-                    f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
-                )
-            shared = _nodes_shared_in_a_domain(cyc, view, plan)
-            if shared:  # a smaller elastic shape packs its pods the same way
-                return _pending(
-                    cyc,
-                    view,
-                    status,
-                    DOMAIN_PODS_SHARE_NODE,
-                    f"spec.gpusPerPod: {shape.gpus_per_pod} puts two or more pods of one ComputeDomain on node "
-                    f"{shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use whole-node "
-                    f"pods (spec.gpusPerPod equal to the node's GPUs), or spec.computeDomain: Disabled",
-                )
-            return _admitted(cyc, view, status, shape, plan)
-        misses.append(plan)
+    with cyc.tolerating(view.spec.get("template")):  # tainted nodes the pod template tolerates
+        for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
+            shape = GangShape.of(view.spec, dp)
+            started = time.perf_counter()
+            plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
+            cyc.placements_ms.append((time.perf_counter() - started) * 1000)
+            if isinstance(plan, PlacementPlan):
+                if not compact.fits(compact.encode(placement_of(plan))):
+                    return _pending(
+                        cyc,
+                        view,
+                        status,
+                        "PlacementTooLarge",
+                        f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
+                        f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
+                    )
+                shared = _nodes_shared_in_a_domain(cyc, view, plan)
+                if shared:  # a smaller elastic shape packs its pods the same way
+                    return _pending(
+                        cyc,
+                        view,
+                        status,
+                        DOMAIN_PODS_SHARE_NODE,
+                        f"spec.gpusPerPod: {shape.gpus_per_pod} puts two or more pods of one ComputeDomain on node "
+                        f"{shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use "
+                        f"whole-node pods (spec.gpusPerPod equal to the node's GPUs), or spec.computeDomain: Disabled",
+                    )
+                return _admitted(cyc, view, status, shape, plan)
+            misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
     if over_quota:  # preemption and defragmentation plan for spec.dp, which the quota refuses
@@ -267,6 +268,7 @@ def _admitted(
         "phase": "Admitted" if status["phase"] != "Restarting" else "Restarting",
         "reason": message,
         "admittedAt": cyc.stamp,
+        "placedAt": cyc.stamp,
         "conditions": conditions,
     }
 

@@ -8,6 +8,7 @@ not fit is tried again only when free capacity went up, a possible victim appear
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections import Counter
@@ -26,7 +27,14 @@ from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import update_supernode
-from tidal.k8s.training import allocations, domain_held_nodes, holds_gpus, prune_domains, reconcile_placed
+from tidal.k8s.training import (
+    allocations,
+    domain_held_nodes,
+    holds_gpus,
+    pods_ready_due,
+    prune_domains,
+    reconcile_placed,
+)
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.k8s.write import Applied, apply_actions
 from tidal.rebalance import DemandTracker
@@ -46,6 +54,9 @@ class ControllerSettings:
     """Honour the deprecated integer spec.priority (operator flag --spec-priority): only where every
     tenant may outrank every other; otherwise priorities come from PriorityClasses alone."""
     resync_seconds: float = 300.0
+    admission_timeout_seconds: float = 600.0
+    """Operator flag --admission-timeout: a gang's pods not all bound and Running this long after
+    they were placed have their groups placed again (Kueue's waitForPodsReady); 0 turns it off."""
     """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
 
 
@@ -257,6 +268,7 @@ class Controller:
             domains_installed=self.domains.installed,
             priorities=self.priorities(),
             domains_deleted_before=self.domains_deleted,
+            admission_timeout=self.admission_timeout(),
         )
         log.debug(
             "cycle",
@@ -271,7 +283,7 @@ class Controller:
         for uid, (view, status) in sorted(statuses.items(), key=lambda kv: kv[1][0].key):
             if view.deleting:
                 continue
-            if self._settled_job(view, status, dirty_owners, moved):
+            if self._settled_job(view, status, dirty_owners, moved) and not pods_ready_due(cyc, status):
                 cyc.count("reconciles_skipped")
                 continue
             actions = cyc.actions
@@ -345,6 +357,10 @@ class Controller:
             if pod.owner is None and pod.active and pod.namespace in limited:
                 held.extend((pod.namespace, resource, n) for resource, n in pod.requests.items())
         return Quotas.build(cache.quotas.values(), held, cache.quota_version)
+
+    def admission_timeout(self) -> dt.timedelta | None:
+        seconds = self.settings.admission_timeout_seconds
+        return dt.timedelta(seconds=seconds) if seconds > 0 else None
 
     def priorities(self) -> Priorities:
         return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
+from tidal.k8s.taints import out_of_service, tolerations_of, untolerated
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -114,6 +116,9 @@ class Cycle:
     """Each workload's priority, from its PriorityClass (tidal.k8s.priority)."""
     quotas: Quotas = field(default_factory=Quotas)
     """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
+    admission_timeout: dt.timedelta | None = None
+    """How long a placed gang's pods may take to be bound and Running before the groups that are
+    not get placed again (None: never); counted from status.placedAt, so it survives restarts."""
     domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
     """(namespace, name) of ComputeDomains whose delete the previous cycle's write saw succeed (or
     404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted
@@ -167,16 +172,60 @@ class Cycle:
         self.plan.annotations.append((kind, namespace, name, annotations))
 
     def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
-        """Delete once; at once (grace 0) when its node is gone, as no kubelet will confirm."""
+        """Delete once. Forced (grace 0) only when no kubelet can still run the pod: its node
+        object is gone, or carries the out-of-service taint (an admin fenced it). A NotReady node
+        may be merely partitioned and still running the pod: its delete waits for the kubelet (or
+        a fence), and as pod names are fixed per rank, no second copy is made meanwhile."""
         if pod.terminating or pod.uid in self.deleted_uids:
             return
         node = self.state.nodes.get(pod.node or "")
+        fenced = node is None or out_of_service(node.taints)
+        # Otherwise a caller's "at once" becomes the shortest grace that still waits for the kubelet.
+        grace = 0 if fenced else 1 if grace_seconds == 0 else grace_seconds
         self.deleted_uids.add(pod.uid)
         self.plan.delete_uids[(pod.namespace, pod.name)] = pod.uid
-        self.pod_deletes.append((pod.namespace, pod.name, 0 if node is None or not node.ready else grace_seconds))
+        self.pod_deletes.append((pod.namespace, pod.name, grace))
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
+
+    @contextmanager
+    def tolerating(self, template: dict[str, Any] | None) -> Iterator[None]:
+        """Plan one workload: the tainted nodes its pod template tolerates are usable inside.
+
+        The snapshot marks every NoSchedule/NoExecute-tainted node unusable (the pure core knows
+        no tolerations); a workload that tolerates some gets them back for its own planning only,
+        and they are marked again after, with whatever it booked there kept. Unjournaled flips:
+        the node's state after the block is what it was, plus the bookings (journaled themselves)."""
+        tolerations = tolerations_of(template)
+        lifted: list[str] = []
+        if tolerations:
+            nodes, snapshot = self.state.nodes, self.snapshot
+            for name in self.state.tainted:
+                state, node = snapshot.nodes.get(name), nodes.get(name)
+                if state is None or node is None or not state.tainted:
+                    continue
+                if not untolerated(node.taints, tolerations):
+                    ClusterSnapshot.update_node(snapshot, name, tainted=False)
+                    lifted.append(name)
+        try:
+            yield
+        finally:
+            for name in lifted:
+                ClusterSnapshot.update_node(self.snapshot, name, tainted=True)
+
+    @contextmanager
+    def avoiding(self, nodes: Iterable[str]) -> Iterator[None]:
+        """Plan with these nodes unusable (cordoned in the snapshot for the block only)."""
+        snapshot = self.snapshot
+        flipped = [n for n in nodes if n in snapshot.nodes and not snapshot.nodes[n].cordoned]
+        for name in flipped:
+            ClusterSnapshot.update_node(snapshot, name, cordoned=True)
+        try:
+            yield
+        finally:
+            for name in flipped:
+                ClusterSnapshot.update_node(self.snapshot, name, cordoned=False)
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)

@@ -165,10 +165,12 @@ def _grow(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], need: int, jobs: Statuses, settings: RebalanceSettings
 ) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
-    free = plan_capacity(cyc.snapshot, _request(cyc, view, need), [], None)
+    with cyc.tolerating(view.spec.get("template")):
+        free = plan_capacity(cyc.snapshot, _request(cyc, view, need), [], None)
+        if free.placement is not None:
+            apply_plan(cyc.snapshot, free.placement)
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
     if free.placement is not None:
-        apply_plan(cyc.snapshot, free.placement)
         before = status["placedReplicas"]
         status = add_replicas(cyc, view, status, list(free.placement.groups))
         placed = status["placedReplicas"] - before
@@ -228,10 +230,12 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
                 continue  # grown only within the namespace's GPU quota
             groups = tuple(range(shape.groups, bigger.groups))
             request = job_request(cyc, view, shape, group_ids=groups)
-            plan = plan_gang(cyc.snapshot, request)
+            with cyc.tolerating(view.spec.get("template")):
+                plan = plan_gang(cyc.snapshot, request)
+                if isinstance(plan, PlacementPlan):
+                    apply_plan(cyc.snapshot, plan)
             if not isinstance(plan, PlacementPlan):
                 continue
-            apply_plan(cyc.snapshot, plan)
             cyc.quotas.book(view, bigger.world_size - shape.world_size)
             placement = [
                 *status["placement"],
@@ -242,6 +246,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
                 **summary_fields(placement, bigger),
                 "phase": "Admitted",
                 "reason": f"expanding dp {shape.dp} -> {dp}",
+                "placedAt": cyc.stamp,
             }
             cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on free GPUs")
             cyc.count("moves:to-training:expand", dp - shape.dp)

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         supernode_label=args.supernode_label,
         max_cycle_age_seconds=args.max_cycle_age,
         spec_priority=args.spec_priority,
+        admission_timeout_seconds=args.admission_timeout,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
@@ -174,6 +175,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=15.0,
         help="read timeout of each Kubernetes API request in seconds (connect: at most 5); "
         "429, 5xx and timeouts are retried with capped exponential backoff",
+    )
+    parser.add_argument(
+        "--admission-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a placed gang whose pods are not all bound and Running this long after placement has those "
+        "groups placed again (condition PodsReady=False, reason AdmissionTimeout); 0 disables",
     )
     parser.add_argument("--cycle-seconds", type=float, default=0.5, help="minimum time between controller cycles")
     parser.add_argument(

@@ -11,6 +11,7 @@ from typing import Any
 
 from tidal import API_GROUP
 from tidal.k8s import labels
+from tidal.k8s.taints import Taint, blocking, taints_of
 from tidal.placement.compute_domains import CLAIM_NAME
 
 
@@ -29,6 +30,7 @@ class NodeView:
     capacity: dict[str, int]
     ready: bool
     unschedulable: bool
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class PodView:
     domain_claim: str | None = None
     """The ResourceClaimTemplate of its ComputeDomain channel claim, if it has one: a pod made
     before its job's domain was wanted has none (pod specs are immutable) until it is made again."""
+    not_scheduled: str | None = None
+    """Why kube-scheduler has not bound it ("Unschedulable: 0/3 nodes are available: ..."), from its
+    PodScheduled=False condition; None once scheduled or before the scheduler looked."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -99,7 +104,16 @@ def node_view(body: dict[str, Any]) -> NodeView:
         capacity=capacity,
         ready=conditions.get("Ready") == "True",
         unschedulable=bool(spec.get("unschedulable")),
+        taints=taints_of(spec),
     )
+
+
+def _not_scheduled(status: dict[str, Any]) -> str | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            reason, message = c.get("reason") or "", c.get("message") or ""
+            return f"{reason}: {message}" if reason and message else reason or message or "not scheduled"
+    return None
 
 
 def _pinned_node(spec: dict[str, Any]) -> str | None:
@@ -174,6 +188,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
             ),
             None,
         ),
+        not_scheduled=_not_scheduled(status) if owner else None,
     )
 
 
@@ -209,6 +224,11 @@ class ClusterState:
     """(namespace, name) -> tidal.k8s.quota.QuotaView of every ResourceQuota."""
 
     _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
+
+    @property
+    def tainted(self) -> set[str]:
+        """Nodes with a NoSchedule or NoExecute taint (the watch cache keeps this as an index)."""
+        return {name for name, node in self.nodes.items() if blocking(node.taints)}
 
     def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
         if self._by_owner is None:

@@ -17,6 +17,7 @@ from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
+from tidal.k8s.taints import OUT_OF_SERVICE, tolerations_of, untolerated
 from tidal.model import TrainingJobSpec, describe_errors
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.placement.compute_domains import (
@@ -132,6 +133,8 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             return _restart(cyc, view, status, shape, displaced, pods)
         cyc.event(view, "Replaced", f"re-placed {len(displaced)} group(s) whose GPUs others took: {why}", warning=True)
         return {**replaced, "reason": why}
+    if pods_ready_due(cyc, status):
+        return _admission_timeout(cyc, view, status, shape, placement, pods)
 
     def build(names: list[str]) -> list[dict[str, Any]]:
         # Manifests (a deep copy of the template each) only for the groups that miss a pod.
@@ -176,6 +179,11 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         status["conditions"] = set_condition(
             status.get("conditions", []), "Running", True, "AllPodsRunning", status["reason"], cyc.stamp
         )
+        waited = condition(status["conditions"], "PodsReady")
+        if waited is not None and waited.get("status") != "True":
+            status["conditions"] = set_condition(
+                status["conditions"], "PodsReady", True, "AllPodsRunning", status["reason"], cyc.stamp
+            )
     return status
 
 
@@ -191,6 +199,113 @@ def _announce_world_size(
         if pod is None or pod.terminating or all(pod.annotations.get(k) == v for k, v in wanted.items()):
             continue
         cyc.annotate("Pod", pod.namespace, pod.name, wanted)
+
+
+# -- admission timeout (Kueue's waitForPodsReady) ---------------------------------------------------
+
+AWAITING = frozenset({"Admitted", "Restarting"})
+
+
+def pods_ready_due(cyc: Cycle, status: dict[str, Any]) -> bool:
+    """A placed gang still waiting for its pods past the admission timeout. From status alone
+    (placedAt, or admittedAt as written before placedAt existed): a restarted operator agrees."""
+    if cyc.admission_timeout is None or status.get("phase") not in AWAITING or not holds_gpus(status):
+        return False
+    since = parse_time(status.get("placedAt") or status.get("admittedAt"))
+    return since is not None and cyc.now - since >= cyc.admission_timeout
+
+
+def _why_not_running(cyc: Cycle, view: ResourceView, name: str, node: str, pod: PodView | None) -> tuple[str, bool]:
+    """(why the pod is not bound and Running on its planned node, whether placing its group
+    again can help). An old pod of the same name still terminating cannot be helped: the new one
+    is made only once it is gone, wherever the group goes."""
+    node_view = cyc.state.nodes.get(node)
+    if pod is not None and (pod.node != node or _gone(cyc, pod)):
+        old = cyc.state.nodes.get(pod.node or "")
+        where = f"node {pod.node}"
+        if old is not None and not old.ready:
+            where += (
+                " (NotReady: once it is known to be down, fence it with the taint "
+                f"{OUT_OF_SERVICE}=nodeshutdown:NoExecute, or delete the node)"
+            )
+        return f"pod {name}: the previous pod of that name is still terminating on {where}", False
+    facts: list[str] = []
+    if node_view is not None:
+        if node_view.unschedulable:
+            facts.append(f"node {node} is cordoned")
+        refused = untolerated(node_view.taints, tolerations_of(view.spec.get("template")))
+        if refused:
+            facts.append(f"node {node} has taint(s) {', '.join(map(str, refused))} the pod does not tolerate")
+    else:
+        facts.append(f"node {node} is gone")
+    if pod is None:
+        return f"pod {name} does not exist yet" + "".join(f"; {f}" for f in facts), True
+    if not pod.bound:
+        said = [pod.not_scheduled] if pod.not_scheduled else ["not scheduled yet"]
+        return f"pod {name}: " + "; ".join(said + facts), True
+    return f"pod {name} is {pod.phase} on node {node}" + "".join(f"; {f}" for f in facts), True
+
+
+def _admission_timeout(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    shape: GangShape,
+    placement: dict[int, dict[str, Any]],
+    pods: dict[str, PodView],
+) -> dict[str, Any]:
+    """Place again the groups with a pod not bound and Running on its node, by the job's restart
+    scope (a group, or the whole gang queued again), and say which pods and why in condition
+    PodsReady. Not a failure restart: status.restarts (the budget of maxRestarts) is left alone,
+    as nothing the job ran failed; a gang that can never start is placed again each timeout, as
+    Kueue requeues by default."""
+    stuck: dict[int, list[str]] = {}
+    helpless: list[str] = []
+    gated: dict[int, list[str]] = {}
+    refused: set[str] = set()
+    """Nodes a stuck pod was not bound to: whatever kept it off (a taint tidal cannot see, a
+    device plugin gone) may stay, so the group is not placed there again."""
+    for group, entry in placement.items():
+        for i, node in enumerate(entry["nodes"]):
+            name = pod_name(view.name, group * shape.pods_per_group + i)
+            pod = pods.get(name)
+            if pod is not None and pod.node == node and not _gone(cyc, pod):
+                if pod.bound and pod.phase == "Running":
+                    continue
+                if pod.gated:  # held for the rest of the gang (gates lift together): not a cause itself
+                    gated.setdefault(group, []).append(f"pod {name} is gated")
+                    continue
+            why, movable = _why_not_running(cyc, view, name, node, pod)
+            (stuck.setdefault(group, []) if movable else helpless).append(why)
+            if movable and pod is not None:
+                refused.add(node)
+    if not stuck and not helpless:
+        stuck = gated  # nothing else holds the gates (an ungate that keeps failing?): move them
+    timeout = int(cyc.admission_timeout.total_seconds()) if cyc.admission_timeout else 0
+    reasons = [r for rs in stuck.values() for r in rs] + helpless
+    message = f"not bound and Running {timeout}s after placement: {'; '.join(reasons)}"
+    conditions = set_condition(status.get("conditions", []), "PodsReady", False, "AdmissionTimeout", message, cyc.stamp)
+    # The clock starts again whatever is done, so the next look is one timeout later, not every cycle.
+    status = {**status, "conditions": conditions, "placedAt": cyc.stamp}
+    cyc.count("admission_timeouts")
+    log.info("admission timeout", namespace=view.namespace, name=view.name, groups=sorted(stuck), why=message)
+    if not stuck:
+        cyc.event(view, "AdmissionTimeout", message, warning=True)
+        return status
+    scope = (view.spec.get("restartPolicy") or {}).get("scope", "Group")
+    if scope == "Group":
+        replaced = _replace_groups(cyc, view, status, shape, sorted(stuck), pods, frozenset(refused))
+        if replaced is not None:
+            cyc.event(view, "AdmissionTimeout", f"re-placed {len(stuck)} group(s): {message}", warning=True)
+            return {**replaced, "reason": message}
+    _release(cyc, view, status, pods, grace=0)
+    cyc.event(view, "AdmissionTimeout", f"queued the whole gang again: {message}", warning=True)
+    return {
+        **_cleared(status),
+        "phase": "Pending",
+        "reason": f"queued again after the admission timeout: {message}",
+        "pendingSince": cyc.stamp,
+    }
 
 
 def _sync_domains(
@@ -432,7 +547,9 @@ def _replace_groups(
     shape: GangShape,
     groups: list[int],
     pods: dict[str, PodView],
+    avoid: frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
+    """The groups placed again elsewhere (never on the `avoid` nodes), or None if they do not fit."""
     placement = {g["group"]: g for g in status["placement"]}
     gpp = shape.gpus_per_pod
     for g in groups:
@@ -446,7 +563,10 @@ def _replace_groups(
         group_ids=groups,
         prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
     )
-    plan = plan_gang(cyc.snapshot, request)
+    with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoid):
+        plan = plan_gang(cyc.snapshot, request)
+        if isinstance(plan, PlacementPlan):
+            apply_plan(cyc.snapshot, plan)
     if not isinstance(plan, PlacementPlan):
         for g in groups:  # put the bookkeeping back; the caller restarts the whole gang
             for node in placement[g]["nodes"]:
@@ -454,7 +574,6 @@ def _replace_groups(
                 if node_state is not None:
                     cyc.snapshot.update_node(node, allocated=node_state.allocated + gpp)
         return None
-    apply_plan(cyc.snapshot, plan)
     for g in groups:
         for i in range(shape.pods_per_group):
             name = pod_name(view.name, g * shape.pods_per_group + i)
@@ -462,7 +581,7 @@ def _replace_groups(
                 cyc.delete_pod(pods[name])
     for group in plan.groups:
         placement[group.group] = {"group": group.group, "supernode": group.supernode, "nodes": list(group.nodes)}
-    return {**status, **summary_fields(list(placement.values()), shape)}
+    return {**status, **summary_fields(list(placement.values()), shape), "placedAt": cyc.stamp}
 
 
 def _release(
@@ -504,6 +623,7 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
             "supernodes",
             "currentDP",
             "admittedAt",
+            "placedAt",
             "eviction",
             "worldSize",
             "computeDomains",

@@ -36,6 +36,7 @@ from tidal.k8s.cache import Membership, membership_of, node_states, supernode_st
 from tidal.k8s.priority import PriorityClassView
 from tidal.k8s.quota import QuotaView
 from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
+from tidal.k8s.taints import blocking
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
 OwnerKey = tuple[str, str | None, str]
@@ -63,6 +64,8 @@ class WatchCache:
         self.pod_uids: set[str] = set()
         self.other_held: dict[str, Counter[str]] = {}
         """Node -> accelerators held by bound, active pods tidal does not own."""
+        self.tainted: set[str] = set()
+        """Nodes with a NoSchedule or NoExecute taint: what a tolerating workload may get back."""
         self.dirty_owners: set[OwnerKey] = set()
         self.dirty_nodes: set[str] = set()
         self._members: dict[str, Membership] | None = None
@@ -153,6 +156,10 @@ class WatchCache:
                 if view is None or view.labels.get(k) != v:
                     values = self._label_index.get(k, {})
                     values.get(v, set()).discard(name)
+        if view is not None and blocking(view.taints):
+            self.tainted.add(name)
+        else:
+            self.tainted.discard(name)
         if view is None:
             self.nodes.pop(name, None)
             self._members = None
@@ -403,6 +410,7 @@ class SnapshotKeeper:
                     gpus=node.capacity.get(acc, 0),
                     ready=node.ready,
                     cordoned=node.unschedulable,
+                    tainted=bool(blocking(node.taints)),
                     spare=name in self._spares.get(state.supernode, ()),
                     allocated=self._held(name),
                 )

@@ -224,6 +224,12 @@ class TrainingJobStatus(ApiModel):
     supernodes: int | None = Field(default=None, description="Number of supernodes the job spans.")
     restarts: int = Field(default=0, ge=0, description="Restarts after failures so far.")
     admitted_at: str | None = Field(default=None, description="When the gang was last admitted.")
+    placed_at: str | None = Field(
+        default=None,
+        description="When the pods of the current placement began to be awaited (admission, a group placed "
+        "again, growth): pods not all bound and Running by then plus the operator's --admission-timeout "
+        "get their groups placed again (condition PodsReady, reason AdmissionTimeout).",
+    )
     pending_since: str | None = Field(default=None, description="When the job last started waiting for GPUs.")
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     eviction_history: list[EvictionRecord] = Field(

@@ -311,7 +311,7 @@ class EvictionSearch:
                     if t is _UNSEEN:
                         t = None  # unless tracked below: the GPUs still count as evicted, but give nothing
                         node = nodes.get(name)
-                        if node is not None and node.ready and not node.cordoned and (recovery or not node.spare):
+                        if node is not None and node.usable and (recovery or not node.spare):
                             j = sn_index.get(node.supernode)
                             if j is None:
                                 j = -1
@@ -814,6 +814,7 @@ class ReleasedView(ClusterSnapshot):
                 ready=node.ready,
                 cordoned=node.cordoned,
                 spare=node.spare,
+                tainted=node.tainted,
             )
         self._changed = changed
         self.nodes = ChainMap(changed, base.nodes)  # type: ignore[assignment]

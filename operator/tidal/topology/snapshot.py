@@ -21,15 +21,18 @@ class NodeState:
     ready: bool = True
     cordoned: bool = False
     spare: bool = False
+    tainted: bool = False
+    """Carries a taint that keeps pods off (NoSchedule, NoExecute): usable only by a workload that
+    tolerates it, for which the caller lifts the flag while planning that workload."""
 
     @property
     def usable(self) -> bool:
-        return self.ready and not self.cordoned
+        return self.ready and not self.cordoned and not self.tainted
 
     @property
     def free(self) -> int:
-        """Unrequested GPUs on a usable node; a failed or cordoned node offers nothing."""
-        if not self.ready or self.cordoned:
+        """Unrequested GPUs on a usable node; a failed, cordoned or tainted node offers nothing."""
+        if not self.ready or self.cordoned or self.tainted:
             return 0
         free = self.gpus - self.allocated
         return free if free > 0 else 0
@@ -131,7 +134,7 @@ class ClusterSnapshot:
                 del buckets[free]
 
     def update_node(self, name: str, **changes: object) -> None:
-        """Change ready/cordoned/spare/gpus/allocated of a node, keeping the histograms right."""
+        """Change ready/cordoned/tainted/spare/gpus/allocated of a node, keeping the histograms right."""
         node = self.nodes[name]
         self._hist_add(node, -1)
         for key, value in changes.items():
@@ -160,7 +163,7 @@ class ClusterSnapshot:
             for k, v in self.supernodes.items()
         }
         clone.nodes = {
-            k: NodeState(v.name, v.supernode, v.gpus, v.allocated, v.ready, v.cordoned, v.spare)
+            k: NodeState(v.name, v.supernode, v.gpus, v.allocated, v.ready, v.cordoned, v.spare, v.tainted)
             for k, v in self.nodes.items()
         }
         clone._free_hist = {k: Counter(v) for k, v in self._free_hist.items()}

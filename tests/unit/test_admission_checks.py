@@ -1,0 +1,286 @@
+"""Taints at planning, the admission timeout, and fencing of NotReady nodes, on the in-memory
+cluster (tests/unit/fake_cluster.py) driving the real controller."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from tidal.clock import FixedClock
+from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.state import NodeView
+from tidal.k8s.taints import Taint, Toleration, untolerated
+
+from .fake_cluster import FakeCluster
+from .test_failures import SlowScheduler
+from .test_rebalance import TEMPLATE, run
+
+START = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+SPEC = {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+"""One group of 4 pods of 4 GPUs: 4 nodes of one NVL72 rack (18 nodes)."""
+
+
+def taint(cluster: FakeCluster, node: str, *taints: Taint) -> None:
+    cluster.nodes[node] = dataclasses.replace(cluster.nodes[node], taints=(*cluster.nodes[node].taints, *taints))
+
+
+def rack(cluster: FakeCluster, supernode: str) -> list[str]:
+    return sorted(n for n in cluster.nodes if n.startswith(supernode + "-"))
+
+
+def placed_nodes(cluster: FakeCluster, job: str) -> set[str]:
+    return {n for g in cluster.status("TrainingJob", "ml", job)["placement"] for n in g["nodes"]}
+
+
+# -- A: taints ------------------------------------------------------------------------------------
+
+
+def test_toleration_matching_follows_kubernetes():
+    gpu = Taint("nvidia.com/gpu", "present", "NoSchedule")
+    assert untolerated([gpu], []) == (gpu,)
+    assert not untolerated([gpu], [Toleration("nvidia.com/gpu", "Exists")])
+    assert not untolerated([gpu], [Toleration("nvidia.com/gpu", "Equal", "present", "NoSchedule")])
+    assert untolerated([gpu], [Toleration("nvidia.com/gpu", "Equal", "absent")]), "value must match"
+    assert untolerated([gpu], [Toleration("nvidia.com/gpu", "Exists", effect="NoExecute")]), "effect must match"
+    assert not untolerated([gpu], [Toleration(operator="Exists")]), "empty key with Exists tolerates everything"
+    assert not untolerated([Taint("x", "", "PreferNoSchedule")], []), "PreferNoSchedule is only a preference"
+
+
+def test_a_new_gang_is_not_placed_on_nodes_tainted_against_it_and_a_tolerating_one_is():
+    cluster = FakeCluster("nvl72", 2)
+    dedicated = Taint("dedicated", "inference", "NoSchedule")
+    for node in rack(cluster, "nvl72-0000"):
+        taint(cluster, node, dedicated)
+    tolerating = {"spec": {**TEMPLATE["spec"], "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}
+    # Four gangs of 4 nodes: rack 1 (18 nodes) holds four, so nothing needs rack 0 but the tolerating one.
+    for name in ("a", "b", "c", "d"):
+        cluster.add("TrainingJob", "ml", name, SPEC)
+    cluster.add("TrainingJob", "ml", "tolerant", {**SPEC, "template": tolerating, "priority": 0})
+    cluster.add("TrainingJob", "ml", "late", SPEC)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller, cycles=4)
+    tainted = set(rack(cluster, "nvl72-0000"))
+    for name in ("a", "b", "c", "d"):
+        assert cluster.status("TrainingJob", "ml", name)["phase"] == "Running"
+        assert not placed_nodes(cluster, name) & tainted, f"{name} placed on a node whose taint it does not tolerate"
+    assert cluster.status("TrainingJob", "ml", "tolerant")["phase"] == "Running"
+    assert placed_nodes(cluster, "tolerant") <= tainted, "rack 1 is full: the tolerating gang gets rack 0"
+    late = cluster.status("TrainingJob", "ml", "late")
+    assert late["phase"] == "Pending" and "placement" not in late, "14 tainted nodes are free, none for it"
+
+
+def test_a_group_whose_pod_a_no_execute_taint_evicted_is_not_placed_again_on_tainted_nodes():
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    group = cluster.status("TrainingJob", "ml", "job")["placement"][0]
+    evicted = group["nodes"][0]
+    # The taint manager evicts the pod from the NoExecute node; every other free node of the rack
+    # but one is closed to new pods, so the only way to stay on the rack avoids them all.
+    taint(cluster, evicted, Taint("maintenance", "", "NoExecute"))
+    others = [n for n in rack(cluster, group["supernode"]) if n not in group["nodes"]]
+    for node in others[1:]:
+        taint(cluster, node, Taint("maintenance", "", "NoSchedule"))
+    pod = cluster.pods[("ml", "job-0")]
+    cluster.pods[("ml", "job-0")] = {**pod, "status": {"phase": "Failed", "reason": "Evicted"}}
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert set(status["placement"][0]["nodes"]) == {*group["nodes"][1:], others[0]}
+    assert evicted not in {p["spec"]["nodeName"] for p in cluster.pods_of("tidal.dev/job", "job")}
+
+
+# -- B: the admission timeout ---------------------------------------------------------------------
+
+
+def unschedulable(cluster: FakeCluster, pod: str, message: str) -> None:
+    body = cluster.pods[("ml", pod)]
+    cluster.pods[("ml", pod)] = {
+        **body,
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        },
+    }
+
+
+class Stuck(SlowScheduler):
+    """kube-scheduler binds every ungated pod except those on `refuse` nodes (a device plugin's
+    resources gone, a taint added after placement), which stay Pending with PodScheduled=False."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.refuse: set[str] = set()
+
+    def schedule(self) -> None:
+        for (namespace, name), pod in sorted(self.pods.items()):
+            spec = pod["spec"]
+            if spec.get("nodeName") or spec.get("schedulingGates"):
+                continue
+            terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            node = terms["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+            if node in self.refuse:
+                unschedulable(self, name, "0/36 nodes are available: 1 node(s) had untolerated taint {gpu: bad}.")
+            else:
+                bound = {**spec, "nodeName": node}
+                self.pods[(namespace, name)] = {**pod, "spec": bound, "status": {"phase": "Running"}}
+
+
+def cycles(cluster: Stuck, controller: Controller, n: int = 3) -> None:
+    for _ in range(n):
+        run(cluster, controller, cycles=1)
+        cluster.schedule()
+
+
+def test_a_pod_stuck_pending_past_the_admission_timeout_has_its_group_placed_again_with_the_why():
+    cluster = Stuck("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {**SPEC, "dp": 2})  # two groups of 4 pods
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    run(cluster, controller, cycles=1)
+    placement = cluster.status("TrainingJob", "ml", "job")["placement"]
+    bad = placement[1]["nodes"][2]
+    cluster.refuse.add(bad)
+    cycles(cluster, controller, 4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Admitted" and status["placement"] == placement, "waiting: within the timeout"
+
+    clock.advance(seconds=599)
+    cycles(cluster, controller, 2)
+    assert cluster.status("TrainingJob", "ml", "job")["placement"] == placement, "not yet"
+
+    clock.advance(seconds=2)
+    cluster.calls.clear()
+    cycles(cluster, controller, 4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running", status
+    assert status["placement"][0] == placement[0], "the group whose pods run stays where it is"
+    assert bad not in status["placement"][1]["nodes"], "the stuck group was placed again"
+    assert status.get("restarts", 0) == 0, "not a failure restart: the restart budget is left alone"
+    ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
+    assert ready["status"] == "True", "true again once every pod runs"
+    event = next(d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout")
+    assert "job-6" in event[2] and "Unschedulable: 0/36 nodes are available" in event[2], event
+    assert ("delete_pod", "job-4") in cluster.calls and ("delete_pod", "job-0") not in cluster.calls
+
+
+def test_the_admission_timeout_condition_names_the_pod_and_a_cordon_or_taint_and_survives_a_restart():
+    cluster = Stuck("nvl72", 1)  # one rack: nowhere else to go, so the gang is queued again
+    cluster.add("TrainingJob", "ml", "job", {**SPEC, "restartPolicy": {"scope": "Gang"}})
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    run(cluster, controller, cycles=1)
+    nodes = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    cluster.refuse.add(nodes[1])
+    taint(cluster, nodes[1], Taint("gpu", "bad", "NoSchedule"))
+    cycles(cluster, controller, 3)
+
+    clock.advance(minutes=11)
+    restarted = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))  # nothing in memory
+    cycles(cluster, restarted, 1)
+    status = cluster.status("TrainingJob", "ml", "job")
+    ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
+    assert ready["status"] == "False" and ready["reason"] == "AdmissionTimeout"
+    assert "pod job-1: Unschedulable" in ready["message"]
+    assert f"node {nodes[1]} has taint(s) gpu=bad:NoSchedule the pod does not tolerate" in ready["message"]
+    assert status.get("restarts", 0) == 0
+    # scope Gang: the whole gang is given back and queued; placed again off the tainted node.
+    cycles(cluster, restarted, 3)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running" and nodes[1] not in status["placement"][0]["nodes"]
+
+
+def test_a_settled_gang_waiting_for_its_pods_is_looked_at_again_when_the_timeout_passes():
+    cluster = Stuck("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=60))
+    run(cluster, controller, cycles=1)
+    nodes = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    cluster.refuse.add(nodes[3])
+    cycles(cluster, controller, 3)
+    # Nothing moves any more: the job is settled and skipped, yet the deadline must still fire.
+    for _ in range(3):
+        controller._last_start = 0.0
+        controller.cycle()
+    clock.advance(seconds=61)
+    controller._last_start = 0.0
+    controller.cycle()
+    assert nodes[3] not in cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+
+
+# -- C: fencing -----------------------------------------------------------------------------------
+
+
+class Kubelets(FakeCluster):
+    """Deletes as the API server does them: a pod bound to a node is removed only once its kubelet
+    confirms (a Ready node's does at once), or at once if forced (grace 0). A NotReady node's pods
+    stay Terminating. `gc()` is the pod garbage collector: it removes terminating pods of nodes
+    that are gone or carry the out-of-service taint."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.graces: list[tuple[str, int | None]] = []
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        self.graces.append((name, grace_seconds))
+        pod = self.pods.get((namespace, name))
+        node: NodeView | None = self.nodes.get((pod or {}).get("spec", {}).get("nodeName") or "")
+        if pod is None or grace_seconds == 0 or node is None or node.ready:
+            super().delete_pod(namespace, name, grace_seconds)
+            return
+        self._log("delete_pod_graceful", name)
+        self.pods[(namespace, name)] = {
+            **pod,
+            "metadata": {**pod["metadata"], "deletionTimestamp": "2026-05-01T00:00:00Z"},
+        }
+
+    def gc(self) -> None:
+        for key, pod in list(self.pods.items()):
+            node = self.nodes.get(pod["spec"].get("nodeName") or "")
+            fenced = node is None or any(t.key == "node.kubernetes.io/out-of-service" for t in node.taints)
+            if pod["metadata"].get("deletionTimestamp") and fenced:
+                del self.pods[key]
+
+
+def test_pods_of_a_not_ready_node_are_not_force_deleted_and_their_group_waits_for_the_fence():
+    cluster = Kubelets("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    lost = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)  # partitioned, maybe running
+    cluster.calls.clear()
+    run(cluster, controller, cycles=6)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Restarting" and lost not in status["placement"][0]["nodes"]
+    assert ("job-0", 0) not in cluster.graces, "never forced while its node might still run it"
+    assert cluster.pods[("ml", "job-0")]["spec"]["nodeName"] == lost, "the old pod stays until confirmed"
+    assert not [c for c in cluster.calls if c == ("create_pod", "job-0")], "no second copy of rank 0"
+    deletes = [c for c in cluster.calls if c[0].startswith("delete_pod")]
+    assert len(deletes) == 4, f"each pod of the group deleted once, no retry loop: {deletes}"
+
+    # The admin fences the node (non-graceful node shutdown); the pod GC removes its pods.
+    taint(cluster, lost, Taint("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute"))
+    cluster.gc()
+    run(cluster, controller, cycles=3)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert cluster.pods[("ml", "job-0")]["spec"]["nodeName"] in status["placement"][0]["nodes"]
+
+
+def test_pods_of_a_deleted_or_fenced_node_are_force_deleted():
+    cluster = Kubelets("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {**SPEC, "dp": 2})
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    placement = cluster.status("TrainingJob", "ml", "job")["placement"]
+    gone, fenced = placement[0]["nodes"][0], placement[1]["nodes"][0]
+    del cluster.nodes[gone]
+    cluster.nodes[fenced] = dataclasses.replace(cluster.nodes[fenced], ready=False)
+    taint(cluster, fenced, Taint("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute"))
+    run(cluster, controller, cycles=4)
+    assert ("job-0", 0) in cluster.graces and ("job-4", 0) in cluster.graces
+    assert cluster.status("TrainingJob", "ml", "job")["phase"] == "Running"
