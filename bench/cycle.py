@@ -155,10 +155,10 @@ class RecordingApi:
         self._feed({"TrainingJob": "job", "InferencePool": "pool", "Supernode": "supernode"}[kind], _key(new), new)
         return new.resource_version
 
-    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str] | None:
+    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str, str] | None:
         self.requests["get_status"] += 1
         view = self.objects.get((kind, namespace, name))
-        return None if view is None else (dict(view.status), view.resource_version)
+        return None if view is None else (dict(view.status), view.resource_version, view.uid)
 
     def annotate(self, kind, namespace, name, annotations) -> None:
         self.requests["annotate"] += 1

@@ -2,7 +2,8 @@
 resourceVersion is refused (409) once the object moved on, and tidal's StatusWriter sends again
 after a metadata change but never overwrites a status another writer changed.
 
-No operator runs here: the test is the only writer, so it plays both sides."""
+The session operator is stopped for these tests (and started again after): the test is the
+only writer, so it plays both sides."""
 
 from __future__ import annotations
 
@@ -13,14 +14,25 @@ from tidal.k8s.state import resource_view
 from tidal.k8s.status import StatusWriter
 
 from .kube import Kube
+from .operator_process import OperatorProcess
 from .test_operator import job, submit
+
+
+@pytest.fixture
+def no_operator(operator: OperatorProcess):
+    """Nobody else writes status: a running operator would admit the job and race the test."""
+    operator.stop()
+    yield
+    operator.start()
 
 
 def read(kube: Kube, namespace: str, name: str) -> dict:
     return kube.get("trainingjob", name, "-n", namespace)
 
 
-def test_a_status_patch_naming_an_old_version_is_refused_by_the_api_server(kube: Kube, namespace: str):
+def test_a_status_patch_naming_an_old_version_is_refused_by_the_api_server(
+    kube: Kube, namespace: str, no_operator: None
+):
     submit(kube, namespace, job("a"))
     api = Api(load_client(str(kube.kubeconfig)), workers=1)
     old = read(kube, namespace, "a")["metadata"]["resourceVersion"]
@@ -29,11 +41,14 @@ def test_a_status_patch_naming_an_old_version_is_refused_by_the_api_server(kube:
     with pytest.raises(StatusConflict):
         api.patch_status("TrainingJob", namespace, "a", {"reason": "two"}, old)
     assert read(kube, namespace, "a")["status"]["reason"] == "one"
-    status, version = api.read_status("TrainingJob", namespace, "a")
+    status, version, uid = api.read_status("TrainingJob", namespace, "a")
+    assert uid == read(kube, namespace, "a")["metadata"]["uid"]
     assert status["reason"] == "one" and version == new
 
 
-def test_the_writer_resends_after_a_metadata_change_and_keeps_a_foreign_status(kube: Kube, namespace: str):
+def test_the_writer_resends_after_a_metadata_change_and_keeps_a_foreign_status(
+    kube: Kube, namespace: str, no_operator: None
+):
     submit(kube, namespace, job("a"))
     api = Api(load_client(str(kube.kubeconfig)), workers=1)
     writer = StatusWriter(api)

@@ -238,10 +238,10 @@ class FakeCluster:
         self.objects[key] = replace(view, status=_merge(view.status, status), resource_version=self._next_version())
         return self.objects[key].resource_version
 
-    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str] | None:
+    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str, str] | None:
         self._log("get_status", (kind, name))
         view = self.objects.get((kind, namespace, name))
-        return None if view is None else (dict(view.status), view.resource_version)
+        return None if view is None else (dict(view.status), view.resource_version, view.uid)
 
     def _next_version(self) -> str:
         return str(next(_versions))

@@ -10,7 +10,7 @@ from typing import Any
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.state import NodeView
-from tidal.k8s.taints import Taint, Toleration, untolerated
+from tidal.k8s.taints import Taint, Toleration, tolerations_of, untolerated
 
 from .fake_cluster import FakeCluster
 from .test_failures import SlowScheduler
@@ -45,6 +45,12 @@ def test_toleration_matching_follows_kubernetes():
     assert untolerated([gpu], [Toleration("nvidia.com/gpu", "Exists", effect="NoExecute")]), "effect must match"
     assert not untolerated([gpu], [Toleration(operator="Exists")]), "empty key with Exists tolerates everything"
     assert not untolerated([Taint("x", "", "PreferNoSchedule")], []), "PreferNoSchedule is only a preference"
+    drain = Taint("drain", "", "NoExecute")
+    for timed in ({"key": "drain", "operator": "Exists", "tolerationSeconds": 60},
+                  {"key": "drain", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}):  # fmt: skip
+        tolerations = tolerations_of({"spec": {"tolerations": [timed]}})
+        assert untolerated([drain], tolerations), "evicted after tolerationSeconds: not a place to plan on"
+    assert not untolerated([drain], tolerations_of({"spec": {"tolerations": [{"key": "drain", "operator": "Exists"}]}}))
 
 
 def test_a_new_gang_is_not_placed_on_nodes_tainted_against_it_and_a_tolerating_one_is():
@@ -68,6 +74,25 @@ def test_a_new_gang_is_not_placed_on_nodes_tainted_against_it_and_a_tolerating_o
     assert placed_nodes(cluster, "tolerant") <= tainted, "rack 1 is full: the tolerating gang gets rack 0"
     late = cluster.status("TrainingJob", "ml", "late")
     assert late["phase"] == "Pending" and "placement" not in late, "14 tainted nodes are free, none for it"
+
+
+def test_gpu_nodes_tainted_for_gpu_pods_only_stay_open_and_the_pods_carry_the_toleration():
+    # Review finding: GKE taints every GPU node nvidia.com/gpu=present:NoSchedule and relies on the
+    # ExtendedResourceToleration plugin to tolerate it for GPU pods; counted closed, nothing ran.
+    cluster = FakeCluster("nvl72", 1)
+    for node in rack(cluster, "nvl72-0000"):
+        taint(cluster, node, Taint("nvidia.com/gpu", "present", "NoSchedule"))
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    run(cluster, Controller(cluster, FixedClock(START)))
+    assert cluster.status("TrainingJob", "ml", "job")["phase"] == "Running"
+    implied = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert all(implied in p["spec"]["tolerations"] for p in cluster.pods_of("tidal.dev/job", "job"))
+    free = [n for n in rack(cluster, "nvl72-0000") if n not in placed_nodes(cluster, "job")]
+    for node in free[3:]:  # 3 free nodes left open: a 4-node gang does not fit
+        taint(cluster, node, Taint("nvidia.com/gpu", "present", "NoExecute"))
+    cluster.add("TrainingJob", "ml", "other", SPEC)
+    run(cluster, Controller(cluster, FixedClock(START)))
+    assert cluster.status("TrainingJob", "ml", "other")["phase"] == "Pending", "NoExecute is not implied"
 
 
 def test_a_group_whose_pod_a_no_execute_taint_evicted_is_not_placed_again_on_tainted_nodes():
@@ -190,6 +215,37 @@ def test_the_admission_timeout_condition_names_the_pod_and_a_cordon_or_taint_and
     cycles(cluster, restarted, 3)
     status = cluster.status("TrainingJob", "ml", "job")
     assert status["phase"] == "Running" and nodes[1] not in status["placement"][0]["nodes"]
+
+
+def test_a_growth_that_never_starts_is_given_back_and_the_training_replica_keeps_running():
+    # Review finding: the timeout of an elastic growth requeued the whole gang (scope Gang), which
+    # deleted the replica that had been training, with no checkpoint.
+    cluster = Stuck("nvl72", 1)
+    cluster.add("TrainingJob", "ml", "filler", {**SPEC, "dp": 3})
+    elastic = {**SPEC, "dp": 2, "elastic": {"minDP": 1, "maxDP": 2}, "restartPolicy": {"scope": "Gang"}}
+    cluster.add("TrainingJob", "ml", "el", {**elastic, "preemptible": True})
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    cycles(cluster, controller, 3)
+    status = cluster.status("TrainingJob", "ml", "el")
+    assert status["phase"] == "Running" and status["currentDP"] == 1
+    training = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods_of("tidal.dev/job", "el")}
+    cluster.refuse |= set(cluster.nodes) - placed_nodes(cluster, "el")  # the growth will not start
+    del cluster.objects[("TrainingJob", "ml", "filler")]
+    for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get("tidal.dev/job") == "filler"]:
+        del cluster.pods[key]
+    cycles(cluster, controller, 3)
+    assert cluster.status("TrainingJob", "ml", "el")["currentDP"] == 2, "grown onto the freed nodes"
+
+    clock.advance(seconds=601)
+    cluster.calls.clear()
+    cycles(cluster, controller, 3)
+    status = cluster.status("TrainingJob", "ml", "el")
+    assert status["currentDP"] == 1 and status["phase"] == "Running", status
+    now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods_of("tidal.dev/job", "el")}
+    assert now == training, "the training replica's pods were never touched"
+    assert not any(v == "delete_pod" and d in training for v, d in cluster.calls)
+    assert any(v == "event" and "never started" in d[2] for v, d in cluster.calls)
 
 
 def test_a_settled_gang_waiting_for_its_pods_is_looked_at_again_when_the_timeout_passes():

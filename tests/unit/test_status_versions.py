@@ -5,6 +5,7 @@ object has moved past is refused (409), and an annotation moves the version too.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -161,3 +162,17 @@ def test_a_placement_another_writer_recorded_after_the_read_gets_no_pods_from_th
     controller.cycle()  # the index still lags: decided from the fresh status the conflict read
     pods = cluster.pods_of("tidal.dev/job", "a")
     assert pods and {pod_view(p).node for p in pods} <= their_nodes
+
+
+def test_a_decision_for_a_deleted_job_is_never_written_onto_its_namesake():
+    """Review finding: the job was deleted and made again under its name before the index caught
+    up; the 409 re-read found an empty status, as the decision's base was, and sent the old job's
+    placement onto the new object."""
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add("TrainingJob", "ml", "a", SPEC)
+    writer = StatusWriter(cluster)
+    stale = job(cluster)
+    made = cluster.add("TrainingJob", "ml", "a", {**SPEC, "gpusPerPod": 2})  # a new uid, an empty status
+    cluster.objects[("TrainingJob", "ml", "a")] = dataclasses.replace(made, resource_version=cluster._next_version())
+    assert not writer.write(stale, {"phase": "Admitted", "reason": "placed for the old job"})
+    assert cluster.status("TrainingJob", "ml", "a") == {}

@@ -391,8 +391,8 @@ class Api:
             return None
         return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")
 
-    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str] | None:
-        """(status, resourceVersion) as the API server holds them now (never from a cache);
+    def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str, str] | None:
+        """(status, resourceVersion, uid) as the API server holds them now (never from a cache);
         None if the object is gone."""
         try:
             if namespace:
@@ -418,7 +418,8 @@ class Api:
             if e.status == 404:
                 return None
             raise
-        return dict(body.get("status") or {}), str((body.get("metadata") or {}).get("resourceVersion") or "")
+        meta = body.get("metadata") or {}
+        return dict(body.get("status") or {}), str(meta.get("resourceVersion") or ""), str(meta.get("uid") or "")
 
     def annotate(self, kind: str, namespace: str | None, name: str, annotations: dict[str, str | None]) -> None:
         body = {"metadata": {"annotations": annotations}}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tidal.k8s import labels
 from tidal.k8s.state import ClusterState, NodeView
-from tidal.k8s.taints import blocking
+from tidal.k8s.taints import closed
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
 
@@ -97,7 +97,7 @@ def node_states(members: dict[str, Membership], nodes: dict[str, NodeView]) -> I
                 ready=node.ready,
                 cordoned=node.unschedulable,
                 spare=name in m.spares,
-                tainted=bool(blocking(node.taints)),
+                tainted=bool(closed(node.taints, node.capacity)),
             )
             yield state, m.accelerator
 

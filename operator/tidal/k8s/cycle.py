@@ -24,7 +24,7 @@ from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.taints import out_of_service, tolerations_of, untolerated
+from tidal.k8s.taints import closed, out_of_service, tolerations_of, untolerated
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -205,7 +205,7 @@ class Cycle:
                 state, node = snapshot.nodes.get(name), nodes.get(name)
                 if state is None or node is None or not state.tainted:
                     continue
-                if not untolerated(node.taints, tolerations):
+                if not untolerated(closed(node.taints, node.capacity), tolerations):
                     ClusterSnapshot.update_node(snapshot, name, tainted=False)
                     lifted.append(name)
         try:

@@ -65,6 +65,11 @@ def pinned_pod(
     if subdomain:
         spec["hostname"] = name
         spec["subdomain"] = subdomain
+    # What ExtendedResourceToleration would add: a node tainted `<accelerator>:NoSchedule` (GKE's
+    # GPU pools) is for pods like these, and placement counted it open (k8s/taints.closed).
+    implied = {"key": accelerator, "operator": "Exists", "effect": "NoSchedule"}
+    if implied not in (spec.get("tolerations") or []):
+        spec["tolerations"] = [*(spec.get("tolerations") or []), implied]
     first = spec["containers"][0]
     resources = first.setdefault("resources", {})
     for kind in ("requests", "limits"):

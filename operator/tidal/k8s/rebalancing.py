@@ -28,7 +28,15 @@ from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
-from tidal.k8s.training import groups_of_replicas, holds_gpus, job_request, shape_of, start_eviction, summary_fields
+from tidal.k8s.training import (
+    GROWTH_NOT_STARTED,
+    groups_of_replicas,
+    holds_gpus,
+    job_request,
+    shape_of,
+    start_eviction,
+    summary_fields,
+)
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
 
@@ -218,7 +226,11 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
         if shape.dp >= target:
             continue
         last = max(
-            (parse_time(r.get("at")) for r in status.get("evictionHistory", []) if r.get("reason") == REBALANCED),
+            (
+                parse_time(r.get("at"))
+                for r in status.get("evictionHistory", [])
+                if r.get("reason") in (REBALANCED, GROWTH_NOT_STARTED)
+            ),
             default=None,
             key=lambda t: t or dt.datetime.min,
         )

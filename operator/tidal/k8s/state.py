@@ -11,7 +11,7 @@ from typing import Any
 
 from tidal import API_GROUP
 from tidal.k8s import labels
-from tidal.k8s.taints import Taint, blocking, taints_of
+from tidal.k8s.taints import Taint, closed, taints_of
 from tidal.placement.compute_domains import CLAIM_NAME
 
 
@@ -228,7 +228,7 @@ class ClusterState:
     @property
     def tainted(self) -> set[str]:
         """Nodes with a NoSchedule or NoExecute taint (the watch cache keeps this as an index)."""
-        return {name for name, node in self.nodes.items() if blocking(node.taints)}
+        return {name for name, node in self.nodes.items() if closed(node.taints, node.capacity)}
 
     def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
         if self._by_owner is None:

@@ -114,7 +114,11 @@ class StatusWriter:
                 fresh = self.api.read_status(view.kind, view.namespace, view.name)
                 if fresh is None:
                     return False
-                fresh_wire, version = fresh
+                fresh_wire, version, uid = fresh
+                if uid and uid != view.uid:
+                    # Deleted and made again under the same name since this was decided: the
+                    # decision was for another object; the new one is decided from its own state.
+                    return False
                 held = compact.from_wire(fresh_wire) if view.kind == "TrainingJob" else fresh_wire
                 if _holds(held, status):  # a send whose answer was lost had made it after all
                     self._ledger[view.uid] = (status, time.monotonic(), version)

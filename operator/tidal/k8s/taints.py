@@ -54,17 +54,21 @@ def taints_of(spec: dict[str, Any]) -> tuple[Taint, ...]:
 
 
 def tolerations_of(template: dict[str, Any] | None) -> tuple[Toleration, ...]:
-    """The tolerations of a pod template (`{"spec": {"tolerations": [...]}}`)."""
+    """The tolerations of a pod template (`{"spec": {"tolerations": [...]}}`) as placement counts
+    them: one with `tolerationSeconds` tolerates a NoExecute taint only for that long (the taint
+    manager evicts the pod after it), so for placement it tolerates NoSchedule taints only."""
     spec = (template or {}).get("spec") or {}
-    return tuple(
-        Toleration(
-            str(t.get("key") or ""),
-            str(t.get("operator") or "Equal"),
-            str(t.get("value") or ""),
-            str(t.get("effect") or ""),
+    out = []
+    for t in spec.get("tolerations") or []:
+        effect = str(t.get("effect") or "")
+        if t.get("tolerationSeconds") is not None:
+            if effect == NO_EXECUTE:
+                continue
+            effect = effect or NO_SCHEDULE
+        out.append(
+            Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""), effect)
         )
-        for t in spec.get("tolerations") or []
-    )
+    return tuple(out)
 
 
 def blocking(taints: Iterable[Taint]) -> tuple[Taint, ...]:
@@ -75,6 +79,22 @@ def untolerated(taints: Iterable[Taint], tolerations: Iterable[Toleration]) -> t
     """The NoSchedule/NoExecute taints no toleration matches: any one keeps the pod off the node."""
     tolerations = tuple(tolerations)
     return tuple(t for t in blocking(taints) if not any(tol.tolerates(t) for tol in tolerations))
+
+
+def implied_tolerations(resources: Iterable[str]) -> tuple[Toleration, ...]:
+    """What a pod requesting these extended resources tolerates without saying so: the API
+    server's ExtendedResourceToleration plugin adds `<resource>:NoSchedule` (GKE taints GPU nodes
+    `nvidia.com/gpu=present:NoSchedule` and relies on it), and tidal puts the same toleration on
+    its own pods (manifests.pinned_pod), so it holds with or without the plugin."""
+    return tuple(
+        Toleration(r, "Exists", "", NO_SCHEDULE) for r in resources if "/" in r and not r.startswith("kubernetes.io/")
+    )
+
+
+def closed(taints: Iterable[Taint], capacity: Iterable[str]) -> tuple[Taint, ...]:
+    """The taints that keep tidal's pods off a node unless their template tolerates them: the
+    blocking ones, less those every tidal pod there tolerates (`capacity`: the node's resources)."""
+    return untolerated(taints, implied_tolerations(capacity))
 
 
 def out_of_service(taints: Iterable[Taint]) -> bool:

@@ -17,7 +17,7 @@ from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
-from tidal.k8s.taints import OUT_OF_SERVICE, tolerations_of, untolerated
+from tidal.k8s.taints import OUT_OF_SERVICE, closed, tolerations_of, untolerated
 from tidal.model import TrainingJobSpec, describe_errors
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.placement.compute_domains import (
@@ -30,6 +30,8 @@ from tidal.placement.compute_domains import (
 )
 
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
+GROWTH_NOT_STARTED = "GrowthNotStarted"
+"""evictionHistory reason of DP replicas given back because their growth did not start in time."""
 MAX_NAME = 50  # pod names are <job>-<index> and double as DNS hostnames (63 characters)
 
 
@@ -233,7 +235,7 @@ def _why_not_running(cyc: Cycle, view: ResourceView, name: str, node: str, pod: 
     if node_view is not None:
         if node_view.unschedulable:
             facts.append(f"node {node} is cordoned")
-        refused = untolerated(node_view.taints, tolerations_of(view.spec.get("template")))
+        refused = untolerated(closed(node_view.taints, node_view.capacity), tolerations_of(view.spec.get("template")))
         if refused:
             facts.append(f"node {node} has taint(s) {', '.join(map(str, refused))} the pod does not tolerate")
     else:
@@ -243,7 +245,9 @@ def _why_not_running(cyc: Cycle, view: ResourceView, name: str, node: str, pod: 
     if not pod.bound:
         said = [pod.not_scheduled] if pod.not_scheduled else ["not scheduled yet"]
         return f"pod {name}: " + "; ".join(said + facts), True
-    return f"pod {name} is {pod.phase} on node {node}" + "".join(f"; {f}" for f in facts), True
+    # Bound and still starting (a large image pull, containers being created): moving it would
+    # start that over elsewhere, every timeout; it is reported, and moved only if it fails.
+    return f"pod {name} is {pod.phase or 'starting'} on node {node}" + "".join(f"; {f}" for f in facts), False
 
 
 def _admission_timeout(
@@ -281,6 +285,8 @@ def _admission_timeout(
                 refused.add(node)
     if not stuck and not helpless:
         stuck = gated  # nothing else holds the gates (an ungate that keeps failing?): move them
+    if not stuck and not helpless:
+        return status  # all bound and Running since the last look: the reconcile says Running
     timeout = int(cyc.admission_timeout.total_seconds()) if cyc.admission_timeout else 0
     reasons = [r for rs in stuck.values() for r in rs] + helpless
     message = f"not bound and Running {timeout}s after placement: {'; '.join(reasons)}"
@@ -292,6 +298,10 @@ def _admission_timeout(
     if not stuck:
         cyc.event(view, "AdmissionTimeout", message, warning=True)
         return status
+    shrunk = _give_back_stuck_growth(cyc, view, status, shape, set(stuck), pods)
+    if shrunk is not None:
+        cyc.event(view, "AdmissionTimeout", f"gave back the DP replicas that never started: {message}", warning=True)
+        return {**shrunk, "reason": message}
     scope = (view.spec.get("restartPolicy") or {}).get("scope", "Group")
     if scope == "Group":
         replaced = _replace_groups(cyc, view, status, shape, sorted(stuck), pods, frozenset(refused))
@@ -306,6 +316,35 @@ def _admission_timeout(
         "reason": f"queued again after the admission timeout: {message}",
         "pendingSince": cyc.stamp,
     }
+
+
+def _give_back_stuck_growth(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, stuck: set[int], pods: dict[str, PodView]
+) -> dict[str, Any] | None:
+    """An elastic job whose stuck groups all lie in its top DP replicas, none of which ever ran (a
+    growth that did not start), shrinks back below them, or None. Re-placing or requeueing the
+    whole gang instead would kill the replicas that are training, without a checkpoint."""
+    elastic = view.spec.get("elastic")
+    if not elastic:
+        return None
+    keep = min(shape.replica_of_group(g) for g in stuck)
+    if keep < max(int(elastic.get("minDP", 1)), 1):
+        return None
+    ppg = shape.pods_per_group
+    top = [g for g in (e["group"] for e in status["placement"]) if shape.replica_of_group(g) >= keep]
+    for g in top:
+        for i in range(ppg):
+            pod = pods.get(pod_name(view.name, g * ppg + i))
+            if pod is not None and pod.phase in ("Running", "Succeeded", "Failed"):
+                return None  # it ran: giving it back is an eviction, checkpoint first
+    _release(cyc, view, status, pods, replicas=list(range(keep, shape.dp)))
+    kept = [e for e in status["placement"] if shape.replica_of_group(e["group"]) < keep]
+    given = (shape.dp - keep) * shape.group_gpus * shape.groups_per_replica
+    # Recorded as an eviction of nothing that ran: growing again waits the rebalancer's cooldown,
+    # rather than landing on the same refusing nodes next cycle.
+    record = {"at": cyc.stamp, "gpus": given, "reason": GROWTH_NOT_STARTED}
+    history = [*status.get("evictionHistory", []), record][-10:]
+    return {**status, **summary_fields(kept, GangShape.of(view.spec, keep)), "evictionHistory": history}
 
 
 def _sync_domains(

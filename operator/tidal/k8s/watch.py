@@ -36,7 +36,7 @@ from tidal.k8s.cache import Membership, membership_of, node_states, supernode_st
 from tidal.k8s.priority import PriorityClassView
 from tidal.k8s.quota import QuotaView
 from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
-from tidal.k8s.taints import blocking
+from tidal.k8s.taints import closed
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
 OwnerKey = tuple[str, str | None, str]
@@ -156,7 +156,7 @@ class WatchCache:
                 if view is None or view.labels.get(k) != v:
                     values = self._label_index.get(k, {})
                     values.get(v, set()).discard(name)
-        if view is not None and blocking(view.taints):
+        if view is not None and closed(view.taints, view.capacity):
             self.tainted.add(name)
         else:
             self.tainted.discard(name)
@@ -410,7 +410,7 @@ class SnapshotKeeper:
                     gpus=node.capacity.get(acc, 0),
                     ready=node.ready,
                     cordoned=node.unschedulable,
-                    tainted=bool(blocking(node.taints)),
+                    tainted=bool(closed(node.taints, node.capacity)),
                     spare=name in self._spares.get(state.supernode, ()),
                     allocated=self._held(name),
                 )
