@@ -340,3 +340,19 @@ def test_pods_of_a_deleted_or_fenced_node_are_force_deleted():
     run(cluster, controller, cycles=4)
     assert ("job-0", 0) in cluster.graces and ("job-4", 0) in cluster.graces
     assert cluster.status("TrainingJob", "ml", "job")["phase"] == "Running"
+
+
+def test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete():
+    # Review finding: the pod GC reads the taint on NotReady nodes only; on a live node put by
+    # mistake it must not make tidal force-delete a pod that is still running there.
+    cluster = Kubelets("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    node = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][0]
+    taint(cluster, node, Taint("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute"))
+    pod = cluster.pods[("ml", "job-0")]
+    cluster.pods[("ml", "job-0")] = {**pod, "status": {**pod["status"], "phase": "Failed"}}
+    run(cluster, controller, cycles=2)
+    graces = [g for name, g in cluster.graces if name == "job-0"]
+    assert graces and 0 not in graces, cluster.graces

@@ -173,13 +173,15 @@ class Cycle:
 
     def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
         """Delete once. Forced (grace 0) only when no kubelet can still run the pod: its node
-        object is gone, or carries the out-of-service taint (an admin fenced it). A NotReady node
+        object is gone, or it is NotReady with the out-of-service taint (an admin fenced it). A NotReady node
         may be merely partitioned and still running the pod: its delete waits for the kubelet (or
         a fence), and as pod names are fixed per rank, no second copy is made meanwhile."""
         if pod.terminating or pod.uid in self.deleted_uids:
             return
         node = self.state.nodes.get(pod.node or "")
-        fenced = node is None or out_of_service(node.taints)
+        # The out-of-service taint counts on a NotReady node only, as the pod GC reads it: put on
+        # a live node by mistake it must not make two copies of a rank.
+        fenced = node is None or (out_of_service(node.taints) and not node.ready)
         # Otherwise a caller's "at once" becomes the shortest grace that still waits for the kubelet.
         grace = 0 if fenced else 1 if grace_seconds == 0 else grace_seconds
         self.deleted_uids.add(pod.uid)
