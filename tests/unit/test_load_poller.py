@@ -16,7 +16,7 @@ import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
-from tidal.k8s.pools import LoadPoller, pool_load
+from tidal.k8s.pools import LoadPoller, pool_load, prometheus_instant
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.k8s.state import ResourceView
 
@@ -132,14 +132,14 @@ def test_the_cycle_scales_by_the_sample_the_poller_took(prometheus):
         controller.loads.stop()
 
 
-def pool_view(query: str = "rps") -> ResourceView:
+def pool_view(query: str = "rps", source: str = "main", name: str = "p") -> ResourceView:
     spec = {
         "maxReplicas": 6,
         "gpusPerPod": 1,
         "template": {},
-        "load": {**LOAD, "prometheus": {"server": "main", "query": query}},
+        "load": {**LOAD, "prometheus": {"server": source, "query": query}},
     }
-    return ResourceView("InferencePool", "ns", "p", "uid-p", 1, "", spec, {}, {}, "1", False)
+    return ResourceView("InferencePool", "ns", name, f"uid-{name}", 1, "", spec, {}, {}, "1", False)
 
 
 def test_a_sample_older_than_the_bound_is_no_signal():
@@ -184,3 +184,28 @@ def test_an_unconfigured_source_is_reported_without_polling():
     rate, error = pool_load(other, loads.sources, loads)
     assert rate is None and error == "load source 'other' is not configured in the operator (configured: main)"
     assert loads._thread is None, "nothing to poll"
+
+
+def test_a_hung_source_delays_only_its_own_pools_and_a_shared_query_is_asked_once(hung, prometheus):
+    # Review finding: one round asked every pool in turn, so pools behind a hung source went stale.
+    asked: list[tuple[str, str]] = []
+
+    def query(url: str, q: str) -> float:
+        asked.append((url, q))
+        return prometheus_instant(url, q)
+
+    loads = LoadPoller({"dead": hung, "main": prometheus}, query=query)
+    loads._thread = threading.current_thread()  # polled by hand here, not by its thread
+    dead = [pool_view(f"q{i}", "dead", f"d{i}") for i in range(3)]
+    live = [pool_view("rps", "main", f"m{i}") for i in range(3)]
+    for view in dead + live:
+        loads.read(view)
+    round_done = threading.Event()
+    threading.Thread(target=lambda: (loads.poll_once(), round_done.set()), daemon=True).start()
+    deadline = time.monotonic() + 1.5  # under one timeout of the hung source (2 s)
+    while time.monotonic() < deadline and any(loads.read(v)[0] is None for v in live):
+        time.sleep(0.05)
+    assert [loads.read(v)[0] for v in live] == [17.25] * 3, "the healthy source's pools waited for the hung one"
+    assert asked.count((prometheus, "rps")) == 1, "three pools, one (source, query): asked once"
+    loads.stop()
+    round_done.wait(10)

@@ -12,6 +12,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,10 @@ class LoadSample:
     """time.monotonic() when the answer came."""
 
 
+MAX_SOURCE_THREADS = 8
+"""Prometheus sources asked at the same time by one poll round."""
+
+
 class LoadPoller:
     """Pools' Prometheus loads, queried by a thread of its own, never by the controller cycle: a
     source that answers slowly or never would otherwise stall all scheduling. The cycle reads the
@@ -169,14 +174,33 @@ class LoadPoller:
                     del store[uid]
 
     def poll_once(self) -> None:
-        """Ask every wanted pool's source once (the thread's round; tests call it directly)."""
+        """Ask every wanted pool's source once (the thread's round; tests call it directly).
+
+        Each source is asked from a thread of its own, and a (source, query) shared by several
+        pools once: a source that hangs delays only its own pools' samples, never those of a
+        healthy source (which would go stale behind it)."""
         with self._lock:
             views = list(self._wanted.values())
+        by_source: dict[str, list[ResourceView]] = {}
+        for view in views:
+            by_source.setdefault(_load_query(view)[0], []).append(view)
+        if len(by_source) <= 1:
+            for group in by_source.values():
+                self._poll_source(group)
+            return
+        with ThreadPoolExecutor(max_workers=min(len(by_source), MAX_SOURCE_THREADS)) as pool:
+            list(pool.map(self._poll_source, by_source.values()))
+
+    def _poll_source(self, views: list[ResourceView]) -> None:
+        answers: dict[tuple[str, str], tuple[float | None, str | None]] = {}
         for view in views:
             if self._stop.is_set():
                 return
-            rate, error = read_load(view, self.sources, self.query)
-            sample = LoadSample(_load_query(view), rate, error, self._monotonic())
+            key = _load_query(view)
+            if key not in answers:
+                answers[key] = read_load(view, self.sources, self.query)
+            rate, error = answers[key]
+            sample = LoadSample(key, rate, error, self._monotonic())
             with self._lock:
                 if view.uid in self._wanted:
                     self._samples[view.uid] = sample
