@@ -175,4 +175,6 @@ def test_retries_stop_at_the_call_budget(server, tmp_path):
     with pytest.raises(Exception, match=r"(?i)timed out"):
         s.api(tmp_path, policy, []).create_pod(POD)
     assert time.monotonic() - started < 2.5
-    assert 2 <= len(s.served) <= 3
+    # A third attempt would start at about 0.82 s and could end at 1.22 s: past the budget, so it is
+    # not made (review finding: the budget was checked only before the backoff sleep).
+    assert len(s.served) == 2

@@ -3,6 +3,7 @@ and one object's failure (of any kind) touching no other object."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tidal.k8s import labels
@@ -194,3 +195,30 @@ def test_an_unchanged_pool_service_is_not_applied_again_and_a_conflict_waits():
     apply_actions(plan, rec, rec, done, conflicts)
     apply_actions(plan, rec, rec, done, conflicts)
     assert rec.calls == [("pool_service", "q")] and ("ns", "q") in conflicts and ("ns", "q") not in done
+
+
+class SlowStatuses(Recorder):
+    """An API server that takes `seconds` to answer each status write."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def write(self, v: ResourceView, status: dict[str, Any]) -> bool:
+        time.sleep(self.seconds)
+        return super().write(v, status)
+
+
+def test_past_the_write_budget_the_rest_of_the_plan_is_skipped_as_failed():
+    # Review finding: nothing bounded how long applying a plan could take against a slow API
+    # server; past the liveness bound the operator would be restarted mid-plan.
+    rec = SlowStatuses(0.2)
+    plan = ActionPlan()
+    for job in ("a", "b", "c"):
+        plan.statuses.append((view("TrainingJob", job), {"phase": "Admitted"}))
+        plan.pod_creates.append(body(f"{job}-0", (labels.JOB, job)))
+    applied = apply_actions(plan, rec, rec, budget_seconds=0.1)
+    assert [n for v, n in rec.calls if v == "status"] == ["a"], "one write, then the budget was spent"
+    assert applied.failed_statuses == {("TrainingJob", "ns", "b"), ("TrainingJob", "ns", "c")}
+    assert not [c for c in rec.calls if c[0] == "create_pod"], "skipped, and b's and c's withheld anyway"
+    assert applied.counters["writes_skipped_after_budget"] == 3

@@ -172,7 +172,10 @@ class Api:
         if attempt >= self.policy.attempts or not transient(error):
             return None
         delay = backoff_delay(self.policy, attempt, self._rng, retry_after_seconds(error))
-        if delay is None or time.monotonic() - started + delay > self.policy.budget_seconds:
+        # The next attempt may itself take a whole read timeout: it starts only if that still
+        # ends within the budget, so no call outlasts it by more than a connect timeout.
+        elapsed = time.monotonic() - started
+        if delay is None or elapsed + delay + self.policy.timeout_seconds > self.policy.budget_seconds:
             return None
         return delay
 

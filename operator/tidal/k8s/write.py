@@ -25,6 +25,8 @@ from tidal.k8s.api import Api
 from tidal.k8s.cycle import SERVICE_CONFLICT_RETRY_SECONDS, ActionPlan, log
 from tidal.k8s.status import StatusWriter
 
+WRITE_BUDGET_SECONDS = 60.0
+"""Longest a cycle spends applying its plan: half the liveness bound (`--max-cycle-age`, 120 s)."""
 _OWNER_LABEL = {"TrainingJob": labels.JOB, "InferencePool": labels.POOL}
 
 
@@ -57,30 +59,49 @@ def apply_actions(
     writer: StatusWriter,
     applied_services: dict[tuple[str, str], dict[str, Any]] | None = None,
     service_conflicts: dict[tuple[str, str], float] | None = None,
+    budget_seconds: float | None = WRITE_BUDGET_SECONDS,
 ) -> Applied:
     """Apply `plan`. `applied_services` and `service_conflicts` are the pool Service memos kept
-    across cycles (see `Controller.resync_due`); without them every pool Service is applied."""
+    across cycles (see `Controller.resync_due`); without them every pool Service is applied.
+
+    Past `budget_seconds` every call not yet made is skipped and counted as failed, as if the API
+    server had refused it (`writes_skipped_after_budget`): a slow API server (each call may retry
+    for up to the API's own budget) must not hold the cycle past the liveness bound, and what is
+    skipped the next cycle decides again from what the API server holds."""
     applied = Applied()
+    deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
+
+    def guarded(fn: Callable[[Any], Any], call: str) -> Callable[[Any], Any]:
+        one = _isolated(fn, call)
+
+        def within_budget(item: Any) -> Any:
+            if deadline is not None and time.monotonic() > deadline:
+                applied.count("writes_skipped_after_budget")
+                return None
+            return one(item)
+
+        return within_budget
+
     for view, status in plan.statuses:
         key = (view.kind, view.namespace, view.name)
         # A later write of an object was decided on top of its earlier one: with that one refused
         # (say, another writer changed the status), the later one must not be sent either.
         if key in applied.failed_statuses:
             continue
-        if not _logged(lambda s: writer.write(*s), "write_status")((view, status)):
+        if not guarded(lambda s: writer.write(*s), "write_status")((view, status)):
             applied.failed_statuses.add(key)
-    send_event = _logged(lambda e: api.event(*e), "event")
+    send_event = guarded(lambda e: api.event(*e), "event")
     for view, reason, message, warning in plan.events:
         log.info("event", kind=view.kind, namespace=view.namespace, name=view.name, reason=reason, message=message)
         send_event((view.kind, view.namespace, view.name, view.uid, reason, message, warning))
     if plan.annotations:
-        api.parallel(_logged(_annotate(api), "annotate"), plan.annotations)
+        api.parallel(guarded(_annotate(api), "annotate"), plan.annotations)
     if plan.pod_deletes:
-        done = api.parallel(_logged(_succeeds(lambda d: api.delete_pod(*d)), "delete_pod"), plan.pod_deletes)
+        done = api.parallel(guarded(_succeeds(lambda d: api.delete_pod(*d)), "delete_pod"), plan.pod_deletes)
         applied.failed_pod_deletes = {(d[0], d[1]) for d, ok in zip(plan.pod_deletes, done, strict=True) if not ok}
     if plan.domain_deletes:
         done = api.parallel(
-            _logged(_succeeds(lambda d: api.delete_compute_domain(*d)), "delete_compute_domain"), plan.domain_deletes
+            guarded(_succeeds(lambda d: api.delete_compute_domain(*d)), "delete_compute_domain"), plan.domain_deletes
         )
         applied.deleted_domains = {d for d, ok in zip(plan.domain_deletes, done, strict=True) if ok}
     # (kind label, namespace, owner name) of workloads that must not get pods this time.
@@ -92,10 +113,10 @@ def apply_actions(
     if domains:
         # A refused domain (DomainTerminating: one of that name is still going) holds back the pods
         # of its owner, a TrainingJob or an InferencePool.
-        made = api.parallel(_logged(_succeeds(api.create_compute_domain), "create_compute_domain"), domains)
+        made = api.parallel(guarded(_succeeds(api.create_compute_domain), "create_compute_domain"), domains)
         withheld |= {_owner_of(body) for body, ok in zip(domains, made, strict=True) if not ok}
     if plan.services:
-        made = api.parallel(_logged(_succeeds(api.ensure_service), "ensure_service"), plan.services)
+        made = api.parallel(guarded(_succeeds(api.ensure_service), "ensure_service"), plan.services)
         withheld |= {
             (labels.JOB, _meta(body)["namespace"], _meta(body)["name"])
             for body, ok in zip(plan.services, made, strict=True)
@@ -106,16 +127,17 @@ def apply_actions(
         creates = [p for p in creates if not _owned_by(p, withheld)]
         applied.withheld_pods = len(plan.pod_creates) - len(creates)
     if creates:
-        api.parallel(_logged(api.create_pod, "create_pod"), creates)
+        api.parallel(guarded(api.create_pod, "create_pod"), creates)
     if plan.ungates:
         api.parallel(
-            _logged(lambda u: api.remove_gate(u[0], u[1], labels.GANG_GATE, u[2]), "remove_gate"), plan.ungates
+            guarded(lambda u: api.remove_gate(u[0], u[1], labels.GANG_GATE, u[2]), "remove_gate"), plan.ungates
         )
     if plan.pod_labels:
-        api.parallel(_logged(lambda p: api.label_pod(*p), "label_pod"), plan.pod_labels)
+        api.parallel(guarded(lambda p: api.label_pod(*p), "label_pod"), plan.pod_labels)
     if plan.pool_services:
         _apply_pool_services(
             plan.pool_services,
+            guarded,
             api,
             applied,
             {} if applied_services is None else applied_services,
@@ -126,6 +148,7 @@ def apply_actions(
 
 def _apply_pool_services(
     bodies: list[dict[str, Any]],
+    guarded: Callable[[Callable[[Any], Any], str], Callable[[Any], Any]],
     api: Api,
     applied: Applied,
     done: dict[tuple[str, str], dict[str, Any]],
@@ -137,7 +160,7 @@ def _apply_pool_services(
     todo = [b for b in bodies if done.get(_meta_key(b)) != b and conflicts.get(_meta_key(b), 0.0) <= now]
     if not todo:
         return
-    outcomes = api.parallel(_logged(api.apply_service, "apply_service"), todo)
+    outcomes = api.parallel(guarded(api.apply_service, "apply_service"), todo)
     for body, outcome in zip(todo, outcomes, strict=True):
         key = _meta_key(body)
         if outcome is None:  # the call failed (logged): tried again next cycle
@@ -184,7 +207,7 @@ def _owned_by(body: dict[str, Any], owners: set[tuple[str, str | None, str]]) ->
 
 
 def _succeeds(fn: Callable[[Any], Any]) -> Callable[[Any], bool]:
-    """`fn`, returning True when it returns at all (under `_logged`, None means it raised)."""
+    """`fn`, returning True when it returns at all (under `guarded`, None means it raised)."""
 
     def call(item: Any) -> bool:
         fn(item)
@@ -193,7 +216,7 @@ def _succeeds(fn: Callable[[Any], Any]) -> Callable[[Any], bool]:
     return call
 
 
-def _logged(fn: Callable[[Any], Any], call: str) -> Callable[[Any], Any]:
+def _isolated(fn: Callable[[Any], Any], call: str) -> Callable[[Any], Any]:
     """`fn` for one object: any exception (not only an ApiException) is logged and returns None,
     so one object's failure never aborts the rest of the plan."""
 
