@@ -248,6 +248,25 @@ def test_a_growth_that_never_starts_is_given_back_and_the_training_replica_keeps
     assert any(v == "event" and "never started" in d[2] for v, d in cluster.calls)
 
 
+def test_a_gang_queued_again_by_the_timeout_is_placed_off_the_nodes_that_refused_it():
+    # Review finding: the whole-gang path forgot where its pods had waited in vain, and with no
+    # taint or cordon to see, the next admission picked the same nodes again.
+    cluster = Stuck("nvl72", 1)
+    cluster.add("TrainingJob", "ml", "job", {**SPEC, "restartPolicy": {"scope": "Gang"}})
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    run(cluster, controller, cycles=1)
+    first = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    cluster.refuse.add(first[1])  # refused by something tidal cannot see (a device plugin gone)
+    cycles(cluster, controller, 3)
+    clock.advance(seconds=601)
+    cycles(cluster, controller, 4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running", status
+    assert first[1] not in status["placement"][0]["nodes"]
+    assert "refusedNodes" not in status, "cleared at admission"
+
+
 def test_a_settled_gang_waiting_for_its_pods_is_looked_at_again_when_the_timeout_passes():
     cluster = Stuck("nvl72", 2)
     cluster.add("TrainingJob", "ml", "job", SPEC)

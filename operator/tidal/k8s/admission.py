@@ -198,41 +198,56 @@ def _try_admit(
         problem = cyc.quotas.problem(view, GangShape.of(view.spec, dps[-1]).world_size) or ""
         return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
     dps = [dp for dp in dps if dp not in over_quota]
+    # Nodes where its pods were last refused (an admission timeout that queued the whole gang):
+    # tried without them first, then anywhere, so they never keep it from fitting.
+    refused = tuple(status.get("refusedNodes") or ())
     misses: list[Unplaceable] = []
-    with cyc.tolerating(view.spec.get("template")):  # tainted nodes the pod template tolerates
-        for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
-            shape = GangShape.of(view.spec, dp)
-            started = time.perf_counter()
-            plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
-            cyc.placements_ms.append((time.perf_counter() - started) * 1000)
-            if isinstance(plan, PlacementPlan):
-                if not compact.fits(compact.encode(placement_of(plan))):
-                    return _pending(
-                        cyc,
-                        view,
-                        status,
-                        "PlacementTooLarge",
-                        f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
-                        f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
-                    )
-                shared = _nodes_shared_in_a_domain(cyc, view, plan)
-                if shared:  # a smaller elastic shape packs its pods the same way
-                    return _pending(
-                        cyc,
-                        view,
-                        status,
-                        DOMAIN_PODS_SHARE_NODE,
-                        f"spec.gpusPerPod: {shape.gpus_per_pod} puts two or more pods of one ComputeDomain on node "
-                        f"{shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use "
-                        f"whole-node pods (spec.gpusPerPod equal to the node's GPUs), or spec.computeDomain: Disabled",
-                    )
-                return _admitted(cyc, view, status, shape, plan)
-            misses.append(plan)
+    for avoided in (refused, ()) if refused else ((),):
+        misses = []
+        with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoided):
+            for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
+                shape = GangShape.of(view.spec, dp)
+                started = time.perf_counter()
+                plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
+                cyc.placements_ms.append((time.perf_counter() - started) * 1000)
+                if isinstance(plan, PlacementPlan):
+                    refusal = _refusal(cyc, view, status, shape, plan)
+                    if refusal is not None:  # a smaller elastic shape would be refused the same way
+                        return refusal
+                    return _admitted(cyc, view, status, shape, plan)
+                misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
     if over_quota:  # preemption and defragmentation plan for spec.dp, which the quota refuses
         return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
     return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
+
+
+def _refusal(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, plan: PlacementPlan
+) -> dict[str, Any] | None:
+    """The pending status of a plan that fits but must not be admitted, or None."""
+    if not compact.fits(compact.encode(placement_of(plan))):
+        return _pending(
+            cyc,
+            view,
+            status,
+            "PlacementTooLarge",
+            f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
+            f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
+        )
+    shared = _nodes_shared_in_a_domain(cyc, view, plan)
+    if shared:
+        return _pending(
+            cyc,
+            view,
+            status,
+            DOMAIN_PODS_SHARE_NODE,
+            f"spec.gpusPerPod: {shape.gpus_per_pod} puts two or more pods of one ComputeDomain on node "
+            f"{shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use "
+            f"whole-node pods (spec.gpusPerPod equal to the node's GPUs), or spec.computeDomain: Disabled",
+        )
+    return None
 
 
 def _nodes_shared_in_a_domain(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> list[str]:
@@ -263,7 +278,7 @@ def _admitted(
     conditions = set_condition(status.get("conditions", []), "Admitted", True, "Placed", message, cyc.stamp)
     conditions = set_condition(conditions, "Schedulable", True, "Placed", message, cyc.stamp)
     return {
-        **{k: v for k, v in status.items() if k not in ("eviction",)},
+        **{k: v for k, v in status.items() if k not in ("eviction", "refusedNodes")},
         **summary,
         "phase": "Admitted" if status["phase"] != "Restarting" else "Restarting",
         "reason": message,

@@ -30,6 +30,8 @@ from tidal.placement.compute_domains import (
 )
 
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
+REFUSED_NODES_MAX = 256
+"""status.refusedNodes keeps at most this many (the CRD's bound)."""
 GROWTH_NOT_STARTED = "GrowthNotStarted"
 """evictionHistory reason of DP replicas given back because their growth did not start in time."""
 MAX_NAME = 50  # pod names are <job>-<index> and double as DNS hostnames (63 characters)
@@ -310,12 +312,15 @@ def _admission_timeout(
             return {**replaced, "reason": message}
     _release(cyc, view, status, pods, grace=0)
     cyc.event(view, "AdmissionTimeout", f"queued the whole gang again: {message}", warning=True)
-    return {
+    queued = {
         **_cleared(status),
         "phase": "Pending",
         "reason": f"queued again after the admission timeout: {message}",
         "pendingSince": cyc.stamp,
     }
+    if refused:  # admission tries the gang off these first (admission._try_admit)
+        queued["refusedNodes"] = sorted(refused)[:REFUSED_NODES_MAX]
+    return queued
 
 
 def _give_back_stuck_growth(

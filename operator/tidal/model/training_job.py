@@ -231,6 +231,12 @@ class TrainingJobStatus(ApiModel):
         "get their groups placed again (condition PodsReady, reason AdmissionTimeout).",
     )
     pending_since: str | None = Field(default=None, description="When the job last started waiting for GPUs.")
+    refused_nodes: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Nodes its pods waited on in vain until the admission timeout queued the whole gang again: "
+        "the next admission places it off them if it fits elsewhere. Cleared at admission.",
+    )
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     eviction_history: list[EvictionRecord] = Field(
         default_factory=list, description="The last evictions (at most 10), newest last."
