@@ -681,7 +681,41 @@ def test_pool_replicas_never_put_two_claimed_pods_on_one_node_and_the_pool_says_
     run(cluster, Controller(cluster, FixedClock(NOW)))
     assert max(_claimed_pods_per_node(cluster).values()) == 1
     chat = cluster.status("InferencePool", "ml", "chat")
-    assert chat["placedReplicas"] == 0 and not cluster.pods_of("tidal.dev/pool", "chat")
+    assert chat.get("placedReplicas", 0) == 0 and not cluster.pods_of("tidal.dev/pool", "chat")
     reason = next(c for c in chat["conditions"] if c["type"] == "Schedulable")
     assert reason["reason"] == "ComputeDomainPodsShareNode" and "spec.gpusPerPod: 2" in reason["message"]
     assert cluster.status("InferencePool", "ml", "big")["placedReplicas"] == 2
+
+
+def test_a_half_tray_workload_is_refused_before_any_eviction_even_where_holes_would_fit_it():
+    # Re-review findings: a check on the plan only let such a job in whenever its first plan
+    # happened to land one pod per tray (re-placement and growth could then pack it), and
+    # preemption and the rebalancer evicted training for jobs and replicas refused afterwards.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.add("TrainingJob", "ml", "victim", {**RACK, "preemptible": True, "checkpoint": {"gracePeriodSeconds": 0}})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "victim")["phase"] == "Running"
+    cluster.add_priority_class("urgent", 100)
+    spec = {"tp": 4, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 2, "template": TEMPLATE, "priorityClassName": "urgent"}
+    cluster.add("TrainingJob", "ml", "half", spec)
+    cluster.add("TrainingJob", "ml", "whole", {**spec, "gpusPerPod": 4})  # the same, on whole trays
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 6, "gpusPerPod": 2, "replicas": 1})
+    run(cluster, controller, cycles=4)
+    half = cluster.status("TrainingJob", "ml", "half")
+    assert half["phase"] == "Pending" and "placement" not in half
+    assert any(c.get("reason") == "ComputeDomainPodsShareNode" for c in half["conditions"])
+    assert not cluster.pods_of("tidal.dev/pool", "chat")
+    history = cluster.status("TrainingJob", "ml", "victim").get("evictionHistory") or []
+    assert [r["reason"] for r in history] == ["Preempted"], "evicted once, for the whole-tray job only"
+    assert cluster.status("TrainingJob", "ml", "whole")["phase"] == "Running"
+
+
+def test_pods_of_more_than_half_a_tray_may_use_domains_and_never_share_one():
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.add(
+        "TrainingJob", "ml", "three", {"tp": 3, "ep": 2, "pp": 1, "dp": 1, "gpusPerPod": 3, "template": TEMPLATE}
+    )
+    run(cluster, Controller(cluster, FixedClock(NOW)))
+    assert cluster.status("TrainingJob", "ml", "three")["phase"] == "Running"
+    assert max(_claimed_pods_per_node(cluster).values()) == 1

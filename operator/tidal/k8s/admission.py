@@ -17,6 +17,7 @@ from typing import Any
 
 from tidal.clock import parse_time
 from tidal.k8s import compact
+from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
@@ -44,14 +45,11 @@ from tidal.placement import (
     plan_gang,
     plan_preemption,
 )
-from tidal.placement.compute_domains import nodes_shared_in_a_domain, plan_domains
 from tidal.placement.defrag import MovableGang, free_gpus, plan_defrag
 from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
 
 QUEUED = frozenset({"Pending", "Restarting", ""})
-DOMAIN_PODS_SHARE_NODE = "ComputeDomainPodsShareNode"
-"""Reason of a job whose placement would put two pods of one ComputeDomain on one node."""
 DEFRAGMENTED = "Defragmented"
 """Eviction reason of a defragmentation move."""
 WAITING = frozenset({"WaitingForPreemption", "WaitingForDefragmentation"})
@@ -186,6 +184,10 @@ def _try_admit(
     problem = cyc.priorities.problem(view)
     if problem:  # its pods would be refused by the API server: nothing is booked or created
         return _pending(cyc, view, status, UNKNOWN_PRIORITY_CLASS, problem)
+    full = GangShape.of(view.spec, view.spec.get("dp", 1))
+    problem = domain_pods_problem(cyc, view.spec, full.world_size // full.gpus_per_pod, view.spec.get("computeDomain"))
+    if problem:  # decided before any planning: nothing is placed, preempted or moved for it
+        return _pending(cyc, view, status, DOMAIN_PODS_SHARE_NODE, f"{problem}, or spec.computeDomain: Disabled")
     recovery = status["phase"] == "Restarting"
     elastic = view.spec.get("elastic")
     dps = [view.spec.get("dp", 1)]
@@ -212,7 +214,7 @@ def _try_admit(
                 cyc.placements_ms.append((time.perf_counter() - started) * 1000)
                 if isinstance(plan, PlacementPlan):
                     refusal = _refusal(cyc, view, status, shape, plan)
-                    if refusal is not None:  # a smaller elastic shape would be refused the same way
+                    if refusal is not None:  # a smaller elastic shape is no smaller a placement
                         return refusal
                     return _admitted(cyc, view, status, shape, plan)
                 misses.append(plan)
@@ -236,27 +238,7 @@ def _refusal(
             f"the placement of {shape.world_size} GPUs would not fit status.assignment's bounds "
             f"({compact.ASSIGNMENT_NODES_MAX} + {compact.ASSIGNMENT_GROUPS_MAX} characters)",
         )
-    shared = _nodes_shared_in_a_domain(cyc, view, plan)
-    if shared:
-        return _pending(
-            cyc,
-            view,
-            status,
-            DOMAIN_PODS_SHARE_NODE,
-            f"spec.gpusPerPod: {shape.gpus_per_pod} puts two or more pods of one ComputeDomain on node "
-            f"{shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use "
-            f"whole-node pods (spec.gpusPerPod equal to the node's GPUs), or spec.computeDomain: Disabled",
-        )
     return None
-
-
-def _nodes_shared_in_a_domain(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> list[str]:
-    """Nodes where the plan would put two pods of one of the job's ComputeDomains (none when no
-    domain would be made: the CRD is not served, or no supernode of the plan wants one)."""
-    placement = placement_of(plan)
-    domains = plan_domains(view.name, view.spec.get("computeDomain"), placement, cyc.domain_supernodes)
-    shared = nodes_shared_in_a_domain(domains, placement)
-    return shared if shared and cyc.domains_installed() else []
 
 
 def _admitted(

@@ -10,10 +10,12 @@ from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.cache import Membership
-from tidal.k8s.cycle import log
+from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.state import NodeView, ResourceView
-from tidal.placement.compute_domains import supernode_uses_domains
+from tidal.placement.compute_domains import ComputeDomainMode, pods_may_share_a_node, supernode_uses_domains
 
+DOMAIN_PODS_SHARE_NODE = "ComputeDomainPodsShareNode"
+"""Reason of a workload two of whose claimed pods could share a node (see domain_pods_problem)."""
 RECHECK_SECONDS = 10.0
 """How often the CRD's presence is asked again: cheap (one discovery read), and short enough that
 installing or removing the driver is noticed before the next job is placed."""
@@ -73,3 +75,38 @@ def domain_supernodes(
 
 def is_missing_crd(error: Any) -> bool:
     return getattr(error, "status", None) == 404
+
+
+def largest_domain_node(cyc: Cycle, everywhere: bool = False) -> int | None:
+    """The most GPUs of any node that may serve a ComputeDomain this cycle (`everywhere`: any
+    node, for a workload with computeDomain Enabled), or None when no domain can be made (no such
+    supernode, or the CRD is not installed). Computed once per cycle."""
+    key = "largest_domain_node_everywhere" if everywhere else "largest_domain_node"
+    if key not in cyc.scratch:
+        snapshot = cyc.snapshot
+        supernodes = snapshot.supernodes if everywhere else cyc.domain_supernodes
+        sizes = [
+            snapshot.nodes[n].gpus
+            for sn in supernodes
+            if sn in snapshot.supernodes
+            for n in snapshot.supernodes[sn].nodes
+            if n in snapshot.nodes
+        ]
+        cyc.scratch[key] = max(sizes) if sizes and cyc.domains_installed() else None
+    return cyc.scratch[key]
+
+
+def domain_pods_problem(cyc: Cycle, spec: dict[str, Any], pods: int, mode: str | None = None) -> str | None:
+    """Why a workload (`pods` pods of spec.gpusPerPod GPUs that would carry a ComputeDomain claim)
+    must not be placed: two of its pods could share a node, and the second would never start."""
+    if mode == ComputeDomainMode.DISABLED:
+        return None
+    gpp = int(spec.get("gpusPerPod", 1))
+    largest = largest_domain_node(cyc, everywhere=mode == ComputeDomainMode.ENABLED)
+    if not pods_may_share_a_node(gpp, pods, largest):
+        return None
+    return (
+        f"spec.gpusPerPod: {gpp} lets two pods share a {largest}-GPU node of a supernode that gives out "
+        f"ComputeDomains, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: use pods of more "
+        f"than half a node (spec.gpusPerPod: {largest} for whole trays)"
+    )

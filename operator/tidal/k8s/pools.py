@@ -427,38 +427,19 @@ def _pick(made: dict[str, dict[str, Any]], names: list[str]) -> list[dict[str, A
     return [made[n] for n in names]
 
 
-DOMAIN_PODS_SHARE_NODE = "ComputeDomainPodsShareNode"
-"""Reason of a pool whose replicas would put two pods with a ComputeDomain claim on one node."""
-
-
-def shared_domain_pods(cyc: Cycle) -> dict[str, str]:
-    """Pool uid -> why replicas were not made this cycle (DOMAIN_PODS_SHARE_NODE)."""
-    return cyc.scratch.setdefault("shared_domain_pods", {})
-
-
 def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups: list[Any]) -> dict[str, Any]:
     """Record newly placed replicas (GroupAssignments) with fresh replica ids, and create their pods."""
     placement = list(status.get("placement") or [])
     used = {r["group"] for r in placement}
     domains = set(status.get("computeDomains") or [])
-    domain_pods: set[str] = set()
-    shared: list[str] = []
     next_id = 0
     for g in groups:
         while next_id in used:
             next_id += 1
         replica = {"group": next_id, "supernode": g.supernode, "nodes": list(g.nodes)}
-        domain = _wanted_domains(cyc, view, [replica]).get(next_id)
-        if domain is not None and (len(set(g.nodes)) < len(g.nodes) or domain_pods & set(g.nodes)):
-            # Two pods with a ComputeDomain claim on one node: the driver gives a node's IMEX
-            # channel to one claim, so the second would never start. The replica is not made.
-            shared.extend(sorted(set(g.nodes)))
-            for node in g.nodes:
-                cyc.snapshot.release(node, view.spec.get("gpusPerPod", 1))
-            continue
         placement.append(replica)
+        domain = _wanted_domains(cyc, view, [replica]).get(next_id)
         if domain is not None:
-            domain_pods |= set(g.nodes)
             namespace = view.namespace or "default"
             cyc.ensure_compute_domain(compute_domain(namespace, view.uid, view.name, domain, kind="InferencePool"))
             hold_whole(cyc, set(replica["nodes"]))
@@ -467,14 +448,6 @@ def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups:
         used.add(next_id)
     if domains:
         status = {**status, "computeDomains": sorted(domains)}
-    if shared:
-        message = (
-            f"spec.gpusPerPod: {view.spec.get('gpusPerPod', 1)} puts two or more pods with a ComputeDomain claim on "
-            f"node {shared[0]}, and the NVIDIA DRA driver gives a node's IMEX channel to one pod: replica(s) not made; "
-            f"use whole-node pods (spec.gpusPerPod equal to the node's GPUs) for replicas that span nodes"
-        )
-        cyc.event(view, DOMAIN_PODS_SHARE_NODE, message, warning=True)
-        shared_domain_pods(cyc)[view.uid] = message
     return {
         **status,
         "placement": sorted(placement, key=lambda r: r["group"]),

@@ -12,18 +12,10 @@ from typing import Any
 
 from tidal.clock import parse_time
 from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
+from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
-from tidal.k8s.pools import (
-    DOMAIN_PODS_SHARE_NODE,
-    LoadPoller,
-    add_replicas,
-    pool_conditions,
-    pool_load,
-    reconcile_pool,
-    shared_domain_pods,
-    spec_problem,
-)
+from tidal.k8s.pools import LoadPoller, add_replicas, pool_conditions, pool_load, reconcile_pool, spec_problem
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
@@ -97,10 +89,8 @@ def rebalance_pools(
     for view, status in order:
         if view.deleting:
             continue
-        problem = spec_problem(view) or cyc.priorities.problem(view)
+        problem, reason = _pool_problem(cyc, view)
         if problem:
-            # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
-            reason = UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
             conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, problem, cyc.stamp)
             new = {**status, "reason": problem, "conditions": conditions}
             pools[view.uid] = (view, new)
@@ -142,9 +132,6 @@ def rebalance_pools(
         ]
         if quota_problem:
             conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
-        shared = shared_domain_pods(cyc).get(view.uid)
-        if shared:
-            conditions = set_condition(conditions, "Schedulable", False, DOMAIN_PODS_SHARE_NODE, shared, cyc.stamp)
         new["conditions"] = conditions
         # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
         new["replicas"] = new["placedReplicas"]
@@ -155,6 +142,18 @@ def rebalance_pools(
         pools[view.uid] = (view, new)
         cyc.write_status(view, new)
     return waiting
+
+
+def _pool_problem(cyc: Cycle, view: ResourceView) -> tuple[str | None, str]:
+    """(why none of the pool's replicas may be made, the condition reason), or (None, "")."""
+    problem = spec_problem(view) or cyc.priorities.problem(view)
+    if problem:
+        # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
+        return problem, UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
+    spec = view.spec
+    pods = spec.get("tp", 1) * spec.get("ep", 1) // max(int(spec.get("gpusPerPod", 1)), 1)
+    # Decided before any placement or eviction: a replica spanning trays gets a ComputeDomain.
+    return domain_pods_problem(cyc, spec, pods), DOMAIN_PODS_SHARE_NODE
 
 
 def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:

@@ -126,20 +126,13 @@ def add_channel_claim(pod_spec: dict[str, Any], template: str, container: int = 
     resources["claims"] = [*used, {"name": CLAIM_NAME}]
 
 
-def nodes_shared_in_a_domain(domains: Mapping[str, DomainPlan], placement: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Nodes that would run two or more pods of one ComputeDomain. The driver publishes one
-    default IMEX channel per node and a DRA device serves one claim at a time, while every pod
-    gets its own claim from the domain's template: the second pod on such a node would wait for
-    the channel forever (kubernetes-sigs/dra-driver-nvidia-gpu#309)."""
-    in_domain = {g for d in domains.values() for g in d.groups}
-    seen: set[str] = set()
-    shared: set[str] = set()
-    for entry in placement:
-        if int(entry["group"]) not in in_domain:
-            continue
-        for node in entry["nodes"]:
-            (shared if node in seen else seen).add(node)
-    return sorted(shared)
+def pods_may_share_a_node(gpus_per_pod: int, pods: int, node_gpus: int | None) -> bool:
+    """Whether two of a workload's claimed pods could land on one node (of at most `node_gpus`):
+    the driver publishes one default IMEX channel per node and a DRA device serves one claim,
+    while every pod gets its own claim from the domain's template, so the second pod would never
+    start (kubernetes-sigs/dra-driver-nvidia-gpu#309). The planner fills a node with as many pods
+    as fit, so this is decided on the shape, before any planning, preemption or growth."""
+    return node_gpus is not None and pods > 1 and 2 * gpus_per_pod <= node_gpus
 
 
 def exclusive_nodes(domains: Mapping[str, DomainPlan], placement: Iterable[Mapping[str, Any]]) -> set[str]:
