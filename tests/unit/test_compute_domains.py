@@ -719,3 +719,72 @@ def test_pods_of_more_than_half_a_tray_may_use_domains_and_never_share_one():
     run(cluster, Controller(cluster, FixedClock(NOW)))
     assert cluster.status("TrainingJob", "ml", "three")["phase"] == "Running"
     assert max(_claimed_pods_per_node(cluster).values()) == 1
+
+
+def _domains_per_node(cluster: FakeCluster) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for pod in cluster.pods.values():
+        if claim_of(pod):
+            out.setdefault(pinned_node(pod), set()).add(claim_of(pod))
+    return out
+
+
+def test_a_half_tray_job_admitted_before_domains_is_never_repacked_under_one():
+    # Third review: a job admitted while no domain could be made (the CRD came later) was re-placed
+    # after a failure by a path the admission rule never saw, packing two claimed pods on a tray.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.compute_domain_crd = False
+    cluster.add(
+        "TrainingJob", "ml", "half", {"tp": 4, "ep": 1, "pp": 1, "dp": 2, "gpusPerPod": 2, "template": TEMPLATE}
+    )
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "ml", "half")["phase"] == "Running"
+    cluster.compute_domain_crd = True
+    controller.domains.forget()
+    run(cluster, controller, cycles=2)
+    gone = cluster.pods_of("tidal.dev/job", "half")[0]["metadata"]["name"]
+    cluster.delete_pod("ml", gone)  # a pod vanishes: its group must be placed again
+    run(cluster, controller, cycles=4)
+    assert max(_claimed_pods_per_node(cluster).values(), default=0) <= 1
+    half = cluster.status("TrainingJob", "ml", "half")
+    assert half["phase"] == "Restarting" and "placement" not in half, "queued as a recovery, placed nowhere"
+    assert any(c.get("reason") == "ComputeDomainPodsShareNode" for c in half["conditions"])
+
+
+def test_a_group_placed_again_holds_its_domain_nodes_whole_in_the_same_cycle():
+    # Third review: a re-placed group's trays were booked whole only from the next cycle, so a gang
+    # admitted later in the same cycle took their rest under a second domain.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.add("TrainingJob", "ml", "b", {"tp": 3, "ep": 2, "pp": 1, "dp": 1, "gpusPerPod": 3, "template": TEMPLATE})
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=2)
+    lost = cluster.status("TrainingJob", "ml", "b")["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    for i in range(40):
+        cluster.add(
+            "TrainingJob", "ml", f"c{i}", {"tp": 1, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 1, "template": TEMPLATE}
+        )
+    run(cluster, controller, cycles=4)
+    assert all(len(claims) == 1 for claims in _domains_per_node(cluster).values()), _domains_per_node(cluster)
+
+
+def test_a_pool_held_by_the_rule_still_scales_down_and_keeps_its_replicas_reconciled():
+    # Third review: the refusal skipped the pool's whole reconcile, freezing replicas placed before.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.compute_domain_crd = False
+    cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 6, "gpusPerPod": 2, "replicas": 2})
+    clock = FixedClock(NOW)
+    controller = Controller(cluster, clock)
+    run(cluster, controller, cycles=3)
+    assert cluster.status("InferencePool", "ml", "chat")["placedReplicas"] == 2
+    cluster.compute_domain_crd = True
+    controller.domains.forget()
+    view = cluster.get("InferencePool", "ml", "chat")
+    cluster.objects[("InferencePool", "ml", "chat")] = dataclasses.replace(view, spec={**view.spec, "replicas": 1})
+    run(cluster, controller, cycles=2)
+    clock.advance(minutes=6)  # past the scale-down stabilization window
+    run(cluster, controller, cycles=3)
+    chat = cluster.status("InferencePool", "ml", "chat")
+    assert chat["placedReplicas"] == 1, "scaled down although no replica may be added"
+    assert max(_claimed_pods_per_node(cluster).values(), default=0) <= 1

@@ -77,19 +77,20 @@ def is_missing_crd(error: Any) -> bool:
     return getattr(error, "status", None) == 404
 
 
-def largest_domain_node(cyc: Cycle, everywhere: bool = False) -> int | None:
-    """The most GPUs of any node that may serve a ComputeDomain this cycle (`everywhere`: any
-    node, for a workload with computeDomain Enabled), or None when no domain can be made (no such
-    supernode, or the CRD is not installed). Computed once per cycle."""
-    key = "largest_domain_node_everywhere" if everywhere else "largest_domain_node"
+def largest_domain_node(cyc: Cycle, accelerator: str, everywhere: bool = False) -> int | None:
+    """The most GPUs of any `accelerator` node that may serve a ComputeDomain this cycle
+    (`everywhere`: any such node, for a workload with computeDomain Enabled), or None when no
+    domain can be made (no such supernode, or the CRD is not installed). Once per cycle."""
+    key = ("largest_domain_node", accelerator, everywhere)
     if key not in cyc.scratch:
         snapshot = cyc.snapshot
-        supernodes = snapshot.supernodes if everywhere else cyc.domain_supernodes
+        names = snapshot.supernodes if everywhere else cyc.domain_supernodes
+        supernodes = [snapshot.supernodes[n] for n in names if n in snapshot.supernodes]
         sizes = [
             snapshot.nodes[n].gpus
             for sn in supernodes
-            if sn in snapshot.supernodes
-            for n in snapshot.supernodes[sn].nodes
+            if sn.accelerator == accelerator
+            for n in sn.nodes
             if n in snapshot.nodes
         ]
         cyc.scratch[key] = max(sizes) if sizes and cyc.domains_installed() else None
@@ -102,7 +103,8 @@ def domain_pods_problem(cyc: Cycle, spec: dict[str, Any], pods: int, mode: str |
     if mode == ComputeDomainMode.DISABLED:
         return None
     gpp = int(spec.get("gpusPerPod", 1))
-    largest = largest_domain_node(cyc, everywhere=mode == ComputeDomainMode.ENABLED)
+    accelerator = spec.get("accelerator", "nvidia.com/gpu")
+    largest = largest_domain_node(cyc, accelerator, everywhere=mode == ComputeDomainMode.ENABLED)
     if not pods_may_share_a_node(gpp, pods, largest):
         return None
     return (

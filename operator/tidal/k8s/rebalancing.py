@@ -23,6 +23,7 @@ from tidal.k8s.status import set_condition
 from tidal.k8s.training import (
     GROWTH_NOT_STARTED,
     groups_of_replicas,
+    hold_domain_nodes,
     holds_gpus,
     job_request,
     shape_of,
@@ -117,6 +118,14 @@ def rebalance_pools(
             quota_problem = cyc.quotas.problem(view, need * replica_gpus)
             need = room // replica_gpus
             new["reason"] = f"{new['reason']}; {quota_problem}"
+        domain_problem = None
+        if need > 0:
+            # Decided before any placement or eviction: a replica spanning trays gets a ComputeDomain,
+            # and its pods must never share one. Replicas already placed are still reconciled.
+            pods = replica_gpus // max(int(view.spec.get("gpusPerPod", 1)), 1)
+            domain_problem = domain_pods_problem(cyc, view.spec, pods)
+            if domain_problem:
+                need = 0
         if need > 0:
             placed = new["placedReplicas"]
             new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
@@ -132,6 +141,10 @@ def rebalance_pools(
         ]
         if quota_problem:
             conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
+        if domain_problem:
+            conditions = set_condition(
+                conditions, "Schedulable", False, DOMAIN_PODS_SHARE_NODE, domain_problem, cyc.stamp
+            )
         new["conditions"] = conditions
         # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
         new["replicas"] = new["placedReplicas"]
@@ -145,15 +158,12 @@ def rebalance_pools(
 
 
 def _pool_problem(cyc: Cycle, view: ResourceView) -> tuple[str | None, str]:
-    """(why none of the pool's replicas may be made, the condition reason), or (None, "")."""
+    """(why none of the pool's pods may be made or kept, the condition reason), or (None, "")."""
     problem = spec_problem(view) or cyc.priorities.problem(view)
     if problem:
         # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
         return problem, UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
-    spec = view.spec
-    pods = spec.get("tp", 1) * spec.get("ep", 1) // max(int(spec.get("gpusPerPod", 1)), 1)
-    # Decided before any placement or eviction: a replica spanning trays gets a ComputeDomain.
-    return domain_pods_problem(cyc, spec, pods), DOMAIN_PODS_SHARE_NODE
+    return None, ""
 
 
 def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:
@@ -235,6 +245,9 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
         )
         if last is not None and cyc.now - last < settings.expand_cooldown:
             continue
+        full = GangShape.of(view.spec, target)
+        if domain_pods_problem(cyc, view.spec, full.world_size // full.gpus_per_pod, view.spec.get("computeDomain")):
+            continue  # new pods could share a tray under a ComputeDomain (admitted before one was wanted)
         for dp in range(target, shape.dp, -1):
             bigger = GangShape.of(view.spec, dp)
             if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
@@ -248,10 +261,9 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             if not isinstance(plan, PlacementPlan):
                 continue
             cyc.quotas.book(view, bigger.world_size - shape.world_size)
-            placement = [
-                *status["placement"],
-                *({"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups),
-            ]
+            grown = [{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups]
+            hold_domain_nodes(cyc, view, grown)
+            placement = [*status["placement"], *grown]
             new = {
                 **status,
                 **summary_fields(placement, bigger),

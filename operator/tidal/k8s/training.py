@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels
+from tidal.k8s.compute_domains import domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
 from tidal.k8s.state import PodView, ResourceView
@@ -458,6 +459,15 @@ def prune_domains(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> dic
     return out
 
 
+def hold_domain_nodes(cyc: Cycle, view: ResourceView, groups: list[dict[str, Any]]) -> None:
+    """Book whole, in this cycle's snapshot, the nodes of newly placed `groups` that will serve a
+    ComputeDomain of the job: a gang admitted later in the same cycle must not take their rest
+    (the next cycle books them whole from status.computeDomains)."""
+    domains = plan_domains(view.name, view.spec.get("computeDomain"), groups, cyc.domain_supernodes)
+    if domains:
+        hold_whole(cyc, exclusive_nodes(domains, groups))
+
+
 def hold_whole(cyc: Cycle, nodes: set[str]) -> None:
     """Book a node held by a ComputeDomain whole in this cycle's snapshot, as the next cycle's
     booking does (the driver lets a node serve one domain at a time): no other gang placed later
@@ -593,9 +603,13 @@ def _replace_groups(
     pods: dict[str, PodView],
     avoid: frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
-    """The groups placed again elsewhere (never on the `avoid` nodes), or None if they do not fit."""
+    """The groups placed again elsewhere (never on the `avoid` nodes), or None if they do not fit,
+    or if two of the job's pods could share a tray under a ComputeDomain (a job admitted before a
+    domain was wanted): then the whole gang goes back to admission, which says why."""
     placement = {g["group"]: g for g in status["placement"]}
     gpp = shape.gpus_per_pod
+    if domain_pods_problem(cyc, view.spec, shape.world_size // gpp, view.spec.get("computeDomain")):
+        return None
     for g in groups:
         for node in placement[g]["nodes"]:
             cyc.snapshot.release(node, gpp)
@@ -611,6 +625,7 @@ def _replace_groups(
         plan = plan_gang(cyc.snapshot, request)
         if isinstance(plan, PlacementPlan):
             apply_plan(cyc.snapshot, plan)
+            hold_domain_nodes(cyc, view, placement_of(plan))
     if not isinstance(plan, PlacementPlan):
         for g in groups:  # put the bookkeeping back; the caller restarts the whole gang
             for node in placement[g]["nodes"]:
