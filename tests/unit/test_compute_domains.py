@@ -88,7 +88,11 @@ def test_one_domain_per_supernode_the_job_uses_holding_the_groups_placed_there()
         2: "moe-nvl72-0003-channel",
     }
     assert exclusive_nodes(domains, PLACEMENT) == {"a0", "a1", "a2", "a3", "b0", "b1"}
-    assert set(plan_domains("moe", "Enabled", PLACEMENT, set())) == {"nvl72-0001", "nvl72-0003", "hgx8-0000"}
+    # Enabled asks everywhere, but hgx8-0000 holds two pods on h0: packed, so never a domain there
+    # (each pod would claim the node's one IMEX channel; the second would never start).
+    assert set(plan_domains("moe", "Enabled", PLACEMENT, set())) == {"nvl72-0001", "nvl72-0003"}
+    spread = [*PLACEMENT[:3], {"group": 3, "supernode": "hgx8-0000", "nodes": ["h0", "h1"]}]
+    assert set(plan_domains("moe", "Enabled", spread, set())) == {"nvl72-0001", "nvl72-0003", "hgx8-0000"}
     assert plan_domains("moe", "Disabled", PLACEMENT, {"nvl72-0001"}) == {}
 
 
@@ -788,3 +792,24 @@ def test_a_pool_held_by_the_rule_still_scales_down_and_keeps_its_replicas_reconc
     chat = cluster.status("InferencePool", "ml", "chat")
     assert chat["placedReplicas"] == 1, "scaled down although no replica may be added"
     assert max(_claimed_pods_per_node(cluster).values(), default=0) <= 1
+
+
+def test_pods_placed_packed_before_domains_are_remade_in_place_without_claims():
+    # Fourth review: a packed pool placed while no domain could be made; the CRD appears and a tray
+    # is drained: its pods were remade in place, each with a claim, four on one tray.
+    cluster = FakeCluster("nvl72", 1, clique=True)
+    cluster.compute_domain_crd = False
+    cluster.add("InferencePool", "ml", "serve", {**SERVE, "tp": 8, "gpusPerPod": 1, "replicas": 1})
+    cluster.add(
+        "TrainingJob", "ml", "half", {"tp": 4, "ep": 1, "pp": 1, "dp": 2, "gpusPerPod": 1, "template": TEMPLATE}
+    )
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=3)
+    cluster.compute_domain_crd = True
+    controller.domains.forget()
+    run(cluster, controller, cycles=2)
+    for key in [k for k, p in cluster.pods.items() if pinned_node(p) == "nvl72-0000-n00"]:
+        del cluster.pods[key]  # a drained tray: its pods are made again where they were
+    run(cluster, controller, cycles=3)
+    assert cluster.pods_of("tidal.dev/pool", "serve"), "remade"
+    assert max(_claimed_pods_per_node(cluster).values(), default=0) <= 1, _claimed_pods_per_node(cluster)

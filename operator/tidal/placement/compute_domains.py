@@ -80,10 +80,14 @@ def plan_domains(
     """Supernode -> the job's ComputeDomain there, for every supernode its placed groups use that
     wants one (`domain_supernodes`: supernodes whose own choice is on)."""
     groups: dict[str, list[int]] = {}
+    nodes: dict[str, list[str]] = {}
     for entry in placement:
         groups.setdefault(entry["supernode"], []).append(int(entry["group"]))
+        nodes.setdefault(entry["supernode"], []).extend(entry["nodes"])
     out = {}
     for supernode, ids in sorted(groups.items()):
+        if _packed(nodes[supernode]):
+            continue  # placed before a domain was wanted: its pods stay unclaimed (see _packed)
         if job_uses_domain(job_mode, supernode in domain_supernodes):
             name = domain_name(job, supernode)
             out[supernode] = DomainPlan(name, supernode, template_name(name), tuple(sorted(ids)))
@@ -98,10 +102,19 @@ def replica_domain(pool: str, replica: int, supernode: str, nodes: Iterable[str]
     (scaling, failures), and a per-replica domain is made and deleted with exactly its replica,
     never tying unrelated replicas' IMEX daemons together or outliving the replica's nodes.
     `groups` holds the replica id."""
-    if not on or len(set(nodes)) < 2:
+    nodes = list(nodes)
+    if not on or len(set(nodes)) < 2 or _packed(nodes):
         return None
     name = domain_name(pool, f"replica-{replica}")
     return DomainPlan(name, supernode, template_name(name), (replica,))
+
+
+def _packed(nodes: list[str]) -> bool:
+    """Two pods on one node: a placement made before a domain was wanted there (the admission
+    rule, pods_may_share_a_node, keeps any later one from packing). A domain for it would give
+    each remade pod its own claim on a node with one IMEX channel, and the second would never
+    start; so no domain is wanted, whichever path makes its pods."""
+    return len(set(nodes)) < len(nodes)
 
 
 def claims_by_group(domains: Mapping[str, DomainPlan]) -> dict[int, str]:
