@@ -110,6 +110,7 @@ class Controller:
         """Pool Services as last brought about: an unchanged one is not even read again until the
         next resync (or a failed cycle) forgets this, so a user's edit or deletion is repaired then."""
         self.service_conflicts: dict[tuple[str, str], float] = {}
+        """(namespace, name) -> when (monotonic) to look again at a Service name another owner holds."""
         self.domains = ComputeDomainSupport(self._probe_domains)
         self._domain_supernodes: tuple[Any, frozenset[str]] = (None, frozenset())
         self.loads = LoadPoller(self.settings.rebalance.load_sources)
@@ -262,8 +263,6 @@ class Controller:
             pending_memo=self.pending_memo,
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
-            applied_services=self.applied_services,
-            service_conflicts=self.service_conflicts,
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
             priorities=self.priorities(),
@@ -310,7 +309,7 @@ class Controller:
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
         decided = time.monotonic()
-        applied = apply_actions(cyc.plan, self.api, self.writer, cyc.applied_services, cyc.service_conflicts)
+        applied = apply_actions(cyc.plan, self.api, self.writer, self.applied_services, self.service_conflicts)
         for key, n in applied.counters.items():
             cyc.count(key, n)
         written = time.monotonic()

@@ -29,11 +29,6 @@ from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
 
-SERVICE_CONFLICT_RETRY_SECONDS = 30.0
-"""A pool Service name held by another owner is looked at again this often: soon enough for a pool
-deleted and made again (the old Service goes with the garbage collector), rarely enough not to read
-a user's Service of that name every cycle."""
-
 
 @dataclass
 class ActionPlan:
@@ -93,10 +88,6 @@ class Cycle:
     """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
     plan: ActionPlan = field(default_factory=ActionPlan)
     """What this cycle decided to change, applied by k8s/write.py after the decisions."""
-    applied_services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    """(namespace, name) -> the pool Service body last brought about (kept across cycles)."""
-    service_conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
-    """(namespace, name) -> when (monotonic) to look again at a Service name another owner holds."""
     placements_ms: list[float] = field(default_factory=list)
     checkpoint_waits: list[float] = field(default_factory=list)
     pending_waits: list[float] = field(default_factory=list)
@@ -197,8 +188,7 @@ class Cycle:
 
         The snapshot marks every NoSchedule/NoExecute-tainted node unusable (the pure core knows
         no tolerations); a workload that tolerates some gets them back for its own planning only,
-        and they are marked again after, with whatever it booked there kept. Unjournaled flips:
-        the node's state after the block is what it was, plus the bookings (journaled themselves)."""
+        and they are marked again after, with whatever it booked there kept."""
         tolerations = tolerations_of(template)
         lifted: list[str] = []
         if tolerations:
@@ -208,26 +198,29 @@ class Cycle:
                 if state is None or node is None or not state.tainted:
                     continue
                 if not untolerated(closed(node.taints, node.capacity), tolerations):
-                    ClusterSnapshot.update_node(snapshot, name, tainted=False)
                     lifted.append(name)
-        try:
+        with self._flipped(lifted, "tainted", False):
             yield
-        finally:
-            for name in lifted:
-                ClusterSnapshot.update_node(self.snapshot, name, tainted=True)
 
     @contextmanager
     def avoiding(self, nodes: Iterable[str]) -> Iterator[None]:
         """Plan with these nodes unusable (cordoned in the snapshot for the block only)."""
         snapshot = self.snapshot
-        flipped = [n for n in nodes if n in snapshot.nodes and not snapshot.nodes[n].cordoned]
-        for name in flipped:
-            ClusterSnapshot.update_node(snapshot, name, cordoned=True)
+        open_nodes = [n for n in nodes if n in snapshot.nodes and not snapshot.nodes[n].cordoned]
+        with self._flipped(open_nodes, "cordoned", True):
+            yield
+
+    @contextmanager
+    def _flipped(self, names: list[str], flag: str, value: bool) -> Iterator[None]:
+        """The snapshot's `flag` set to `value` on these nodes for the block, then set back, with
+        whatever was booked on them meanwhile kept (unjournaled flips; bookings journal themselves)."""
+        for name in names:
+            ClusterSnapshot.update_node(self.snapshot, name, **{flag: value})
         try:
             yield
         finally:
-            for name in flipped:
-                ClusterSnapshot.update_node(self.snapshot, name, cordoned=False)
+            for name in names:
+                ClusterSnapshot.update_node(self.snapshot, name, **{flag: not value})
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)

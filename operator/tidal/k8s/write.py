@@ -22,9 +22,13 @@ from typing import Any
 
 from tidal.k8s import labels
 from tidal.k8s.api import Api
-from tidal.k8s.cycle import SERVICE_CONFLICT_RETRY_SECONDS, ActionPlan, log
+from tidal.k8s.cycle import ActionPlan, log
 from tidal.k8s.status import StatusWriter
 
+SERVICE_CONFLICT_RETRY_SECONDS = 30.0
+"""A pool Service name held by another owner is looked at again this often: soon enough for a pool
+deleted and made again (the old Service goes with the garbage collector), rarely enough not to read
+a user's Service of that name every cycle."""
 WRITE_BUDGET_SECONDS = 60.0
 """Longest a cycle spends applying its plan: half the liveness bound (`--max-cycle-age`, 120 s)."""
 _OWNER_LABEL = {"TrainingJob": labels.JOB, "InferencePool": labels.POOL}
@@ -108,7 +112,7 @@ def apply_actions(
     withheld = {(_OWNER_LABEL[k], ns, name) for k, ns, name in applied.failed_statuses if k in _OWNER_LABEL}
     domains = plan.domain_creates
     if withheld:  # a domain for pods not made now would be recorded nowhere: made with them later
-        domains = [d for d in domains if not _owned_by(d, withheld)]
+        domains = [d for d in domains if _owner_of(d) not in withheld]
         applied.withheld_domains = len(plan.domain_creates) - len(domains)
     if domains:
         # A refused domain (DomainTerminating: one of that name is still going) holds back the pods
@@ -117,14 +121,10 @@ def apply_actions(
         withheld |= {_owner_of(body) for body, ok in zip(domains, made, strict=True) if not ok}
     if plan.services:
         made = api.parallel(guarded(_succeeds(api.ensure_service), "ensure_service"), plan.services)
-        withheld |= {
-            (labels.JOB, _meta(body)["namespace"], _meta(body)["name"])
-            for body, ok in zip(plan.services, made, strict=True)
-            if not ok
-        }
+        withheld |= {_owner_of(body) for body, ok in zip(plan.services, made, strict=True) if not ok}
     creates = plan.pod_creates
     if withheld:
-        creates = [p for p in creates if not _owned_by(p, withheld)]
+        creates = [p for p in creates if _owner_of(p) not in withheld]
         applied.withheld_pods = len(plan.pod_creates) - len(creates)
     if creates:
         api.parallel(guarded(api.create_pod, "create_pod"), creates)
@@ -194,16 +194,11 @@ def _meta_key(body: dict[str, Any]) -> tuple[str, str]:
 
 
 def _owner_of(body: dict[str, Any]) -> tuple[str, str, str | None]:
-    """(owner label, namespace, owner name) of a ComputeDomain or pod: a pool's, else a job's."""
+    """(owner label, namespace, owner name) of a ComputeDomain, pod or rendezvous Service: a
+    pool's, else a job's (each carries one of the two labels)."""
     body_labels = _meta(body).get("labels") or {}
     key = labels.POOL if labels.POOL in body_labels else labels.JOB
     return key, _meta(body)["namespace"], body_labels.get(key)
-
-
-def _owned_by(body: dict[str, Any], owners: set[tuple[str, str | None, str]]) -> bool:
-    meta = _meta(body)
-    body_labels = meta.get("labels") or {}
-    return any((key, meta["namespace"], body_labels.get(key)) in owners for key in _OWNER_LABEL.values())
 
 
 def _succeeds(fn: Callable[[Any], Any]) -> Callable[[Any], bool]:
