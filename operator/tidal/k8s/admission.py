@@ -17,7 +17,7 @@ from typing import Any
 
 from tidal.clock import parse_time
 from tidal.k8s import compact
-from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
+from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
@@ -26,6 +26,7 @@ from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
     groups_of_replicas,
     holds_gpus,
+    job_domain_problem,
     job_request,
     placement_of,
     reconcile_placed,
@@ -184,8 +185,7 @@ def _try_admit(
     problem = cyc.priorities.problem(view)
     if problem:  # its pods would be refused by the API server: nothing is booked or created
         return _pending(cyc, view, status, UNKNOWN_PRIORITY_CLASS, problem)
-    full = GangShape.of(view.spec, view.spec.get("dp", 1))
-    problem = domain_pods_problem(cyc, view.spec, full.world_size // full.gpus_per_pod, view.spec.get("computeDomain"))
+    problem = job_domain_problem(cyc, view, GangShape.of(view.spec, view.spec.get("dp", 1)))
     if problem:  # decided before any planning: nothing is placed, preempted or moved for it
         return _pending(cyc, view, status, DOMAIN_PODS_SHARE_NODE, f"{problem}, or spec.computeDomain: Disabled")
     recovery = status["phase"] == "Restarting"
@@ -213,9 +213,9 @@ def _try_admit(
                 plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
                 cyc.placements_ms.append((time.perf_counter() - started) * 1000)
                 if isinstance(plan, PlacementPlan):
-                    refusal = _refusal(cyc, view, status, shape, plan)
-                    if refusal is not None:  # a smaller elastic shape is no smaller a placement
-                        return refusal
+                    too_large = _too_large(cyc, view, status, shape, plan)
+                    if too_large is not None:
+                        return too_large
                     return _admitted(cyc, view, status, shape, plan)
                 misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
@@ -225,10 +225,10 @@ def _try_admit(
     return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
 
 
-def _refusal(
+def _too_large(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, plan: PlacementPlan
 ) -> dict[str, Any] | None:
-    """The pending status of a plan that fits but must not be admitted, or None."""
+    """The pending status of a plan whose placement would not fit status.assignment, or None."""
     if not compact.fits(compact.encode(placement_of(plan))):
         return _pending(
             cyc,

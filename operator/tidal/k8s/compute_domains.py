@@ -5,7 +5,7 @@ placement/compute_domains.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tidal.k8s import labels
@@ -13,6 +13,7 @@ from tidal.k8s.cache import Membership
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.state import NodeView, ResourceView
 from tidal.placement.compute_domains import ComputeDomainMode, pods_may_share_a_node, supernode_uses_domains
+from tidal.topology.snapshot import ClusterSnapshot
 
 DOMAIN_PODS_SHARE_NODE = "ComputeDomainPodsShareNode"
 """Reason of a workload two of whose claimed pods could share a node (see domain_pods_problem)."""
@@ -83,18 +84,20 @@ def largest_domain_node(cyc: Cycle, accelerator: str, everywhere: bool = False) 
     domain can be made (no such supernode, or the CRD is not installed). Once per cycle."""
     key = ("largest_domain_node", accelerator, everywhere)
     if key not in cyc.scratch:
-        snapshot = cyc.snapshot
-        names = snapshot.supernodes if everywhere else cyc.domain_supernodes
-        supernodes = [snapshot.supernodes[n] for n in names if n in snapshot.supernodes]
-        sizes = [
-            snapshot.nodes[n].gpus
-            for sn in supernodes
-            if sn.accelerator == accelerator
-            for n in sn.nodes
-            if n in snapshot.nodes
-        ]
-        cyc.scratch[key] = max(sizes) if sizes and cyc.domains_installed() else None
+        names = cyc.snapshot.supernodes if everywhere else cyc.domain_supernodes
+        cyc.scratch[key] = _largest_node(cyc.snapshot, names, accelerator) if cyc.domains_installed() else None
     return cyc.scratch[key]
+
+
+def _largest_node(snapshot: ClusterSnapshot, supernodes: Iterable[str], accelerator: str) -> int | None:
+    sizes = [
+        snapshot.nodes[n].gpus
+        for name in supernodes
+        if name in snapshot.supernodes and snapshot.supernodes[name].accelerator == accelerator
+        for n in snapshot.supernodes[name].nodes
+        if n in snapshot.nodes
+    ]
+    return max(sizes) if sizes else None
 
 
 def domain_pods_problem(cyc: Cycle, spec: dict[str, Any], pods: int, mode: str | None = None) -> str | None:

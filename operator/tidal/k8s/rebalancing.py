@@ -25,6 +25,7 @@ from tidal.k8s.training import (
     groups_of_replicas,
     hold_domain_nodes,
     holds_gpus,
+    job_domain_problem,
     job_request,
     shape_of,
     start_eviction,
@@ -90,8 +91,10 @@ def rebalance_pools(
     for view, status in order:
         if view.deleting:
             continue
-        problem, reason = _pool_problem(cyc, view)
+        problem = spec_problem(view) or cyc.priorities.problem(view)
         if problem:
+            # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
+            reason = UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
             conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, problem, cyc.stamp)
             new = {**status, "reason": problem, "conditions": conditions}
             pools[view.uid] = (view, new)
@@ -157,15 +160,6 @@ def rebalance_pools(
     return waiting
 
 
-def _pool_problem(cyc: Cycle, view: ResourceView) -> tuple[str | None, str]:
-    """(why none of the pool's pods may be made or kept, the condition reason), or (None, "")."""
-    problem = spec_problem(view) or cyc.priorities.problem(view)
-    if problem:
-        # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
-        return problem, UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
-    return None, ""
-
-
 def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:
     spec = view.spec
     return GangRequest(
@@ -188,12 +182,9 @@ def _grow(
             apply_plan(cyc.snapshot, free.placement)
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
     if free.placement is not None:
-        before = status["placedReplicas"]
         status = add_replicas(cyc, view, status, list(free.placement.groups))
-        placed = status["placedReplicas"] - before
-        cyc.count("moves:to-inference:free", placed)
-        if placed:
-            cyc.event(view, "ScaledUp", f"placed {placed} replica(s) on free GPUs: {status['reason']}")
+        cyc.count("moves:to-inference:free", free.replicas)
+        cyc.event(view, "ScaledUp", f"placed {free.replicas} replica(s) on free GPUs: {status['reason']}")
     remaining = need - free.replicas
     if remaining <= 0:
         return status, False
@@ -245,8 +236,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
         )
         if last is not None and cyc.now - last < settings.expand_cooldown:
             continue
-        full = GangShape.of(view.spec, target)
-        if domain_pods_problem(cyc, view.spec, full.world_size // full.gpus_per_pod, view.spec.get("computeDomain")):
+        if job_domain_problem(cyc, view, GangShape.of(view.spec, target)):
             continue  # new pods could share a tray under a ComputeDomain (admitted before one was wanted)
         for dp in range(target, shape.dp, -1):
             bigger = GangShape.of(view.spec, dp)

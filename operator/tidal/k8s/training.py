@@ -65,6 +65,13 @@ def job_request(
     )
 
 
+def job_domain_problem(cyc: Cycle, view: ResourceView, shape: GangShape) -> str | None:
+    """Why the job's pods, at `shape`, must not be placed where ComputeDomains are given out: two
+    of them could share a node (k8s/compute_domains.domain_pods_problem)."""
+    pods = shape.world_size // shape.gpus_per_pod
+    return domain_pods_problem(cyc, view.spec, pods, view.spec.get("computeDomain"))
+
+
 def holds_gpus(status: dict[str, Any]) -> bool:
     return status.get("phase") in HOLDING and bool(status.get("placement"))
 
@@ -143,7 +150,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
 
     def build(names: list[str]) -> list[dict[str, Any]]:
         # Manifests (a deep copy of the template each) only for the groups that miss a pod.
-        groups = {int(n.rsplit("-", 1)[1]) // ppg for n in names}
+        groups = _groups_of(names, ppg)
         made = training_pods(
             view.name,
             view.namespace,
@@ -161,7 +168,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         cyc.ensure_service(headless_service(view.name, view.namespace, view.uid))
         # Only the domains of groups that miss a pod: a domain is immutable and named per
         # supernode, so creating it again is a no-op (409), and one is never needed sooner.
-        missing_groups = {int(n.rsplit("-", 1)[1]) // ppg for n in missing}
+        missing_groups = _groups_of(missing, ppg)
         for domain in domains.values():
             if missing_groups.intersection(domain.groups):
                 cyc.ensure_compute_domain(compute_domain(view.namespace, view.uid, view.name, domain))
@@ -190,6 +197,11 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
                 status["conditions"], "PodsReady", True, "AllPodsRunning", status["reason"], cyc.stamp
             )
     return status
+
+
+def _groups_of(pod_names: list[str], pods_per_group: int) -> set[int]:
+    """The groups of these pods, from their names (`<job>-<index>`)."""
+    return {int(n.rsplit("-", 1)[1]) // pods_per_group for n in pod_names}
 
 
 def _announce_world_size(
@@ -287,9 +299,9 @@ def _admission_timeout(
             if movable and pod is not None:
                 refused.add(node)
     if not stuck and not helpless:
+        if not gated:
+            return status  # all bound and Running since the last look: the reconcile says Running
         stuck = gated  # nothing else holds the gates (an ungate that keeps failing?): move them
-    if not stuck and not helpless:
-        return status  # all bound and Running since the last look: the reconcile says Running
     timeout = int(cyc.admission_timeout.total_seconds()) if cyc.admission_timeout else 0
     reasons = [r for rs in stuck.values() for r in rs] + helpless
     message = f"not bound and Running {timeout}s after placement: {'; '.join(reasons)}"
@@ -608,7 +620,7 @@ def _replace_groups(
     domain was wanted): then the whole gang goes back to admission, which says why."""
     placement = {g["group"]: g for g in status["placement"]}
     gpp = shape.gpus_per_pod
-    if domain_pods_problem(cyc, view.spec, shape.world_size // gpp, view.spec.get("computeDomain")):
+    if job_domain_problem(cyc, view, shape):
         return None
     for g in groups:
         for node in placement[g]["nodes"]:
