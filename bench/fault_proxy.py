@@ -49,15 +49,28 @@ HOP_BY_HOP = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class PathRule:
+    """A fault for every request of `method` whose path contains `path_part` (at `rate`): one
+    call that always hangs, or one kind of write that is always throttled."""
+
+    method: str
+    path_part: str
+    fault: str  # "hang" or "throttle_429"
+    rate: float = 1.0
+    hang_seconds: float = 600.0
+
+
 @dataclass
 class FaultRates:
     """`rate` is the share of requests that get a fault; the kind is drawn uniformly among those that
-    apply to the request (409 and after-commit 500 only to writes)."""
+    apply to the request (409 and after-commit 500 only to writes). `rules` come first."""
 
     rate: float = 0.05
     watch_cut_rate: float | None = None  # default: `rate`
     hang_seconds: float = 10.0
     seed: int = 0
+    rules: tuple[PathRule, ...] = ()
 
 
 @dataclass
@@ -177,13 +190,18 @@ class FaultProxy:
         )
         return path
 
-    def decide(self, method: str, watch: bool, preconditioned: bool = False) -> tuple[str | None, float]:
-        """(fault kind or None, a random number for its parameters), from the seeded RNG."""
+    def decide(
+        self, method: str, watch: bool, preconditioned: bool = False, path: str = ""
+    ) -> tuple[str | None, float]:
+        """(fault kind or None, its parameter: a hang's seconds, else a random number), from the seeded RNG."""
         with self._lock:
             self.requests += 1
             roll, pick, param = self._rng.random(), self._rng.random(), self._rng.random()
             if not self.enabled:
                 return None, param
+            for rule in self.rates.rules:
+                if rule.method == method and rule.path_part in path and not watch and roll < rule.rate:
+                    return rule.fault, rule.hang_seconds if rule.fault == "hang" else param
             if watch:
                 cut_rate = self.rates.rate if self.rates.watch_cut_rate is None else self.rates.watch_cut_rate
                 return ("watch_cut" if roll < cut_rate else None), param
@@ -196,7 +214,8 @@ class FaultProxy:
                 kinds.append("conflict_409")
             elif method == "POST":
                 kinds.append("exists_409_after_commit")
-            return kinds[int(pick * len(kinds))], param
+            kind = kinds[int(pick * len(kinds))]
+            return kind, self.rates.hang_seconds if kind == "hang" else param
 
     def count(self, kind: str) -> None:
         with self._lock:
@@ -246,13 +265,13 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.command in ("PATCH", "DELETE")
             and ("json-patch" in content_type or b'"resourceVersion"' in (body or b""))
         )
-        fault, param = proxy.decide(self.command, watch, preconditioned)
+        fault, param = proxy.decide(self.command, watch, preconditioned, self.path)
         if fault == "latency":
             proxy.count(fault)
             proxy.wait(0.2 + 1.3 * param)
         elif fault == "hang":
             proxy.count(fault)
-            proxy.wait(proxy.rates.hang_seconds)
+            proxy.wait(param)  # decide() gave the hang's length
             self.close_connection = True  # no answer at all: the client sees the connection drop
             return
         elif fault == "conflict_409":
