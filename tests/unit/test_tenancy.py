@@ -155,3 +155,27 @@ def test_two_admissions_in_one_cycle_never_share_the_quotas_room():
     quotas.book(job, 32)
     assert quotas.problem(job, 32) is not None, "the second 32 GPUs fit into the room the first took"
     assert quotas.room(job) == 0
+
+
+def test_pods_of_an_earlier_job_of_the_same_name_are_not_the_new_ones():
+    """A job deleted and made again at once: until the garbage collector removes the old pods
+    (their controller ownerReference names the old uid) the new job must neither count them as
+    its own (Running on pods it never made) nor delete them (they are not its to delete)."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    old = cluster.add("TrainingJob", "a", "j", rack_job())
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "j")["phase"] == "Running"
+    old_pods = {key: dict(body) for key, body in cluster.pods.items()}
+    assert {b["metadata"]["ownerReferences"][0]["uid"] for b in old_pods.values()} == {old.uid}
+    del cluster.objects[("TrainingJob", "a", "j")]
+    new = cluster.add("TrainingJob", "a", "j", rack_job())
+    cluster.calls.clear()
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "j").get("phase") != "Running", "adopted the old job's pods"
+    assert not [d for verb, d in cluster.calls if verb == "delete_pod"], "deleted pods it does not own"
+    for key in old_pods:  # the garbage collector removes them
+        cluster.pods.pop(key)
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "j")["phase"] == "Running"
+    assert {b["metadata"]["ownerReferences"][0]["uid"] for b in cluster.pods.values()} == {new.uid}

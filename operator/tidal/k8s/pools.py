@@ -335,7 +335,7 @@ def _sync_domains(
 def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desired: int) -> dict[str, Any]:
     """Keep the placed replicas' pods, drop broken replicas, scale down to `desired`."""
     status = dict(status)
-    pods = {p.name: p for p in cyc.state.pods_of("InferencePool", view.namespace, view.name)}
+    pods = {p.name: p for p in cyc.state.pods_of("InferencePool", view.namespace, view.name) if p.owner_uid == view.uid}
     replicas = sorted(status.get("placement") or [], key=lambda r: r["group"])
     gpp = view.spec["gpusPerPod"]
     expected_by_replica = {

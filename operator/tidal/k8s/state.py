@@ -50,6 +50,9 @@ class PodView:
     ("TrainingJob" | "InferencePool", name)."""
     group: int | None
     labels: dict[str, str] = field(default_factory=dict)
+    owner_uid: str = ""
+    """uid of the controlling workload: a pod of an earlier workload of the same name (deleted and
+    made again) is not this one's, even before the garbage collector has removed it."""
     annotations: dict[str, str] = field(default_factory=dict)
     domain_claim: str | None = None
     """The ResourceClaimTemplate of its ComputeDomain channel claim, if it has one: a pod made
@@ -177,6 +180,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         terminating=bool(meta.get("deletionTimestamp")),
         requests=requests,
         owner=owner,
+        owner_uid=controller[2] if controller else "",
         group=int(group) if group is not None and group.isdigit() else None,
         labels=pod_labels,
         annotations=dict(meta.get("annotations") or {}),

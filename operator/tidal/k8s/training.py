@@ -119,7 +119,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     """One step towards: every pod of the placement exists on its node, gates lifted together."""
     status = dict(status)
     shape = shape_of(view, status)
-    pods = {p.name: p for p in cyc.state.pods_of("TrainingJob", view.namespace, view.name)}
+    pods = {p.name: p for p in cyc.state.pods_of("TrainingJob", view.namespace, view.name) if p.owner_uid == view.uid}
     placement = {g["group"]: g for g in status["placement"]}
 
     if status.get("eviction"):
