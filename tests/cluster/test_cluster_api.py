@@ -75,6 +75,7 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
         nodeSelector={},
         schedulingGates=[],
         nodeName="",
+        resourceClaims=[],
     )
     kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(training_job("ok-template", template=allowed)))
     named = inference_pool("ok-load", load=prometheus_load({"server": "main", "query": "sum(rate(x[1m]))"}))
@@ -114,6 +115,13 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             training_job("tpl-gates", template=pod_spec(schedulingGates=[{"name": "mine"}])),
             "spec.template.spec.schedulingGates",
             "must not be set",
+        ),
+        (
+            training_job(
+                "tpl-claims", template=pod_spec(resourceClaims=[{"name": "g", "resourceClaimTemplateName": "gpus"}])
+            ),
+            "spec.template.spec.resourceClaims",
+            "must not be set: a DRA claim takes devices",
         ),
         (
             training_job("tpl-selector", template=pod_spec(nodeSelector={"gpu": "h100"})),

@@ -117,6 +117,10 @@ def test_supernode_defaults():
         ({"nodeSelector": {"gpu": "h100"}}, "spec.template.spec.nodeSelector: must not be set"),
         ({"schedulingGates": [{"name": "mine"}]}, "spec.template.spec.schedulingGates: must not be set"),
         (
+            {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}]},
+            "spec.template.spec.resourceClaims: must not be set: a DRA claim takes devices",
+        ),
+        (
             {
                 "affinity": {
                     "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}

@@ -5,9 +5,10 @@ until the whole gang exists, puts the GPU request on the first container and giv
 workload's PriorityClass. A template that sets
 any of those itself breaks the gang: `nodeName` makes every pod create fail (422) while the GPUs
 stay booked, a foreign scheduling gate is never lifted, a nodeSelector that misses the chosen node
-leaves the pod unschedulable, and a GPU request on another container takes GPUs tidal never
-booked. Those fields are therefore declared here (so the API server's CEL rules can see them; the
-rest of the template stays free-form) and refused, each message naming the field.
+leaves the pod unschedulable, and a GPU request on another container (or a DRA resource claim)
+takes devices tidal never booked. Those fields are therefore declared here (so the API server's
+CEL rules can see them; the rest of the template stays free-form) and refused, each message naming
+the field.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ class PodSpecFields(PassThrough):
         default=None, description="Must not be set: tidal gives every pod the workload's spec.priorityClassName."
     )
     priority: int | None = Field(default=None, description="Must not be set: the API server derives it from the class.")
+    resource_claims: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Must not be set: a DRA claim takes devices tidal never booked; tidal adds the "
+        "ComputeDomain channel claim itself.",
+    )
 
 
 class PodTemplate(PassThrough):
@@ -134,6 +140,8 @@ def template_problems(template: PodTemplate, accelerator: str) -> list[str]:
             out.append(
                 f"spec.template.spec.{field}: must not be set: set spec.priorityClassName; tidal gives it to every pod"
             )
+    if spec.resource_claims:
+        out.append(f"spec.template.spec.resourceClaims: must not be set: {CLAIMS_WHY}")
     node_affinity = spec.affinity.node_affinity if spec.affinity else None
     if node_affinity and node_affinity.required_during_scheduling_ignored_during_execution:
         out.append(
@@ -149,6 +157,10 @@ def template_problems(template: PodTemplate, accelerator: str) -> list[str]:
     return out
 
 
+CLAIMS_WHY = (
+    "a DRA claim takes devices (GPUs, IMEX channels) tidal never booked; request the accelerator "
+    "on the first container, and tidal adds the ComputeDomain claim where NVLink needs one"
+)
 NOT_FIRST = "only the first container may request {acc}: tidal books and sets that count, no other"
 NOT_INIT = "init containers must not request {acc}: tidal books only the first container's"
 
@@ -178,6 +190,7 @@ def template_rules() -> list[dict[str, str]]:
         absent("schedulingGates", "tidal gates and ungates its pods", "size({f}) == 0"),
         absent("priorityClassName", "set spec.priorityClassName; tidal gives it to every pod", '{f} == ""'),
         absent("priority", "set spec.priorityClassName; tidal gives it to every pod"),
+        absent("resourceClaims", CLAIMS_WHY, "size({f}) == 0"),
         {
             "rule": f"!has({_T}) || !has({_T}.affinity) || !has({_T}.affinity.nodeAffinity) || "
             f"!has({_T}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)",
