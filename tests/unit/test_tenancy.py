@@ -179,3 +179,26 @@ def test_pods_of_an_earlier_job_of_the_same_name_are_not_the_new_ones():
     run(cluster, controller)
     assert cluster.status("TrainingJob", "a", "j")["phase"] == "Running"
     assert {b["metadata"]["ownerReferences"][0]["uid"] for b in cluster.pods.values()} == {new.uid}
+
+
+def test_a_job_waiting_for_its_victims_keeps_its_quota_share():
+    """Tenant a (quota 64 GPUs) preempts b's rack job for a 64-GPU job; while b checkpoints, a's
+    small job must not take the quota the waiting job needs, or that job would be refused once b
+    has left (b evicted for nothing)."""
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "b", "victim", rack_job(preemptible=True, priorityClassName="low"))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    small = {"tp": 4, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE, "priorityClassName": "low"}
+    cluster.add("TrainingJob", "a", "small", small)
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for big"
+    big = cluster.status("TrainingJob", "a", "big")
+    assert big["phase"] == "Pending" and big["reason"].startswith("waiting for 1 preempted job(s)"), big
+    status = cluster.status("TrainingJob", "a", "small")
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), status

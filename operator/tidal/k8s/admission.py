@@ -335,7 +335,7 @@ def _preempt(
         statuses[victim.uid] = (victim, new_victim)
         cyc.write_status(victim, new_victim)
         cyc.count("preemptions")
-    reserve_nodes(cyc.snapshot, result.placement)
+    _reserve(cyc, view, result.placement)
     return _waiting(cyc, view, status, statuses)
 
 
@@ -418,7 +418,7 @@ def _defragment(
         "Defragmenting",
         f"{len(plan.moves)} defragmentation move(s) of {plan.moved_gpus} GPUs make room on {where}: {names}",
     )
-    reserve_nodes(cyc.snapshot, plan.placement)
+    _reserve(cyc, view, plan.placement)
     return _waiting(cyc, view, status, statuses)
 
 
@@ -465,6 +465,14 @@ def _preemption_inputs(
         cached = (key, running_gangs(cyc, statuses), without_evictions_in_flight(cyc, statuses))
         cyc.scratch["preemption"] = cached
     return cached[1], cached[2]
+
+
+def _reserve(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> None:
+    """Hold a waiting job's planned nodes and its share of the namespace's quota: while others
+    leave for it, no other job takes those GPUs, nor (of its namespace) the quota it will need,
+    which would refuse it once the evictions it caused are done."""
+    reserve_nodes(cyc.snapshot, plan)
+    cyc.quotas.book(view, sum(plan.gpus_by_node().values()))
 
 
 def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:
