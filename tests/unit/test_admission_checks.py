@@ -375,3 +375,35 @@ def test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete():
     run(cluster, controller, cycles=2)
     graces = [g for name, g in cluster.graces if name == "job-0"]
     assert graces and 0 not in graces, cluster.graces
+
+
+def test_a_pool_replica_stuck_past_the_admission_timeout_is_placed_again_off_its_node():
+    cluster = Stuck("nvl72", 2)
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "ml", "chat", pool)  # two replicas of two 4-GPU pods
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    run(cluster, controller, cycles=1)
+    placement = cluster.status("InferencePool", "ml", "chat")["placement"]
+    bad = placement[1]["nodes"][1]
+    cluster.refuse.add(bad)
+    cycles(cluster, controller, 3)
+    clock.advance(seconds=599)
+    cycles(cluster, controller, 2)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert [r["nodes"] for r in status["placement"]] == [r["nodes"] for r in placement], "within the timeout"
+    assert status["readyReplicas"] == 1
+
+    clock.advance(seconds=2)
+    cluster.calls.clear()
+    cycles(cluster, controller, 4)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert status["readyReplicas"] == 2, status
+    nodes = [r["nodes"] for r in status["placement"]]
+    assert placement[0]["nodes"] in nodes, "the replica that serves stays where it is"
+    assert all(bad not in n for n in nodes), "the stuck replica was placed again, off the node that refused it"
+    event = next(d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout")
+    assert "chat-1-1" in event[2] and "Unschedulable: 0/36 nodes are available" in event[2], event
+    ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
+    assert ready["status"] == "True", "true again once every replica runs"
+    assert not status.get("refusedNodes")

@@ -22,8 +22,9 @@ from pydantic import ValidationError
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import compute_domain, owner_reference, pinned_pod
+from tidal.k8s.pods_ready import stuck_replica, timeout_seconds
 from tidal.k8s.state import PodView, ResourceView
-from tidal.k8s.status import set_condition
+from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import hold_whole, prune_domains
 from tidal.model import InferencePoolSpec, describe_errors
 from tidal.placement.compute_domains import DomainPlan, add_channel_claim, replica_domain
@@ -360,6 +361,7 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     keep = [r for r in replicas if not broken(r)]
     if len(keep) < len(replicas):
         cyc.count("restarts", len(replicas) - len(keep))
+    keep = _admission_timeout(cyc, view, status, keep, pods, ready)
     if len(keep) > desired:
         # Least disruptive first: replicas not serving yet, then the newest.
         order = sorted(keep, key=lambda r: (ready(r), -r["group"]))
@@ -383,6 +385,54 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     status["placedReplicas"] = len(keep)
     status["readyReplicas"] = sum(1 for r in keep if ready(r))
     return status
+
+
+def _admission_timeout(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    replicas: list[dict[str, Any]],
+    pods: dict[str, PodView],
+    ready: Callable[[dict[str, Any]], bool],
+) -> list[dict[str, Any]]:
+    """The replicas kept: one whose pods are not all bound and Running an admission timeout after
+    it was placed is given back (the pool's growth places it again, off the nodes its pods waited
+    on), unless its pods are bound and still starting; condition PodsReady says which and why."""
+    kept: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    said: list[str] = []
+    refused: set[str] = set()
+    for r in replicas:
+        if ready(r):
+            kept.append(r)
+            continue
+        names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
+        reasons, movable = stuck_replica(cyc, view, r, pods, names, r.get("placedAt") or status.get("scaledAt"))
+        if not reasons:
+            kept.append(r)
+            continue
+        said += reasons
+        if movable:
+            dropped.append(f"replica {r['group']}")
+            refused |= {node for name, node in zip(names, r["nodes"], strict=True) if not _running(pods.get(name))}
+        else:  # bound and starting: named, looked at again one timeout later
+            kept.append({**r, "placedAt": cyc.stamp})
+    conditions = status.get("conditions", [])
+    if said:
+        message = f"not bound and Running {timeout_seconds(cyc)}s after placement: {'; '.join(said)}"
+        status["conditions"] = set_condition(conditions, "PodsReady", False, "AdmissionTimeout", message, cyc.stamp)
+        if dropped:
+            status["refusedNodes"] = sorted(refused)[:256]
+            cyc.count("admission_timeouts", len(dropped))
+            cyc.event(view, "AdmissionTimeout", f"placing {', '.join(dropped)} again: {message}", warning=True)
+    elif len(kept) == len(replicas) and all(ready(r) for r in kept) and condition(conditions, "PodsReady"):
+        status["conditions"] = set_condition(conditions, "PodsReady", True, "Running", "every replica runs", cyc.stamp)
+        status.pop("refusedNodes", None)
+    return kept
+
+
+def _running(pod: PodView | None) -> bool:
+    return pod is not None and pod.bound and pod.phase == "Running"
 
 
 def _sync_pods(
@@ -436,7 +486,7 @@ def add_replicas(cyc: Cycle, view: ResourceView, status: dict[str, Any], groups:
     for g in groups:
         while next_id in used:
             next_id += 1
-        replica = {"group": next_id, "supernode": g.supernode, "nodes": list(g.nodes)}
+        replica = {"group": next_id, "supernode": g.supernode, "nodes": list(g.nodes), "placedAt": cyc.stamp}
         placement.append(replica)
         domain = _wanted_domains(cyc, view, [replica]).get(next_id)
         if domain is not None:

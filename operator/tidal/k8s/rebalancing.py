@@ -176,16 +176,23 @@ def _grow(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], need: int, jobs: Statuses, settings: RebalanceSettings
 ) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
-    with cyc.tolerating(view.spec.get("template")):
-        free = plan_capacity(cyc.snapshot, _request(cyc, view, need), [], None)
-        if free.placement is not None:
-            apply_plan(cyc.snapshot, free.placement)
+    groups: list[Any] = []
+    # Off the nodes a replica's pods waited on in vain (admission timeout) first, then anywhere free.
+    refused = tuple(status.get("refusedNodes") or ())
+    for avoided in (refused, ()) if refused else ((),):
+        if len(groups) >= need:
+            break
+        with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoided):
+            free = plan_capacity(cyc.snapshot, _request(cyc, view, need - len(groups)), [], None)
+            if free.placement is not None:
+                apply_plan(cyc.snapshot, free.placement)
+                groups += free.placement.groups
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
-    if free.placement is not None:
-        status = add_replicas(cyc, view, status, list(free.placement.groups))
-        cyc.count("moves:to-inference:free", free.replicas)
-        cyc.event(view, "ScaledUp", f"placed {free.replicas} replica(s) on free GPUs: {status['reason']}")
-    remaining = need - free.replicas
+    if groups:
+        status = add_replicas(cyc, view, status, groups)
+        cyc.count("moves:to-inference:free", len(groups))
+        cyc.event(view, "ScaledUp", f"placed {len(groups)} replica(s) on free GPUs: {status['reason']}")
+    remaining = need - len(groups)
     if remaining <= 0:
         return status, False
     left = budget_left(cyc, jobs, settings)

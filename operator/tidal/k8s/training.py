@@ -16,9 +16,9 @@ from tidal.k8s import labels
 from tidal.k8s.compute_domains import domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
+from tidal.k8s.pods_ready import gone, why_not_running
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
-from tidal.k8s.taints import OUT_OF_SERVICE, closed, tolerations_of, untolerated
 from tidal.model import TrainingJobSpec, describe_errors
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.placement.compute_domains import (
@@ -177,7 +177,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
 
     # Only pods on their planned node and not being deleted: a job re-admitted while its old pods
     # still terminate elsewhere is not Running on the strength of those.
-    phases = [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not _gone(cyc, pods[n])]
+    phases = [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not gone(cyc, pods[n])]
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
         status["phase"] = "Succeeded"
         status["reason"] = "all pods completed"
@@ -218,7 +218,8 @@ def _announce_world_size(
         cyc.annotate("Pod", pod.namespace, pod.name, wanted)
 
 
-# -- admission timeout (Kueue's waitForPodsReady) ---------------------------------------------------
+# -- admission timeout (Kueue's waitForPodsReady; the rules shared with pools: pods_ready.py) -----
+
 
 AWAITING = frozenset({"Admitted", "Restarting"})
 
@@ -230,39 +231,6 @@ def pods_ready_due(cyc: Cycle, status: dict[str, Any]) -> bool:
         return False
     since = parse_time(status.get("placedAt") or status.get("admittedAt"))
     return since is not None and cyc.now - since >= cyc.admission_timeout
-
-
-def _why_not_running(cyc: Cycle, view: ResourceView, name: str, node: str, pod: PodView | None) -> tuple[str, bool]:
-    """(why the pod is not bound and Running on its planned node, whether placing its group
-    again can help). An old pod of the same name still terminating cannot be helped: the new one
-    is made only once it is gone, wherever the group goes."""
-    node_view = cyc.state.nodes.get(node)
-    if pod is not None and (pod.node != node or _gone(cyc, pod)):
-        old = cyc.state.nodes.get(pod.node or "")
-        where = f"node {pod.node}"
-        if old is not None and not old.ready:
-            where += (
-                " (NotReady: once it is known to be down, fence it with the taint "
-                f"{OUT_OF_SERVICE}=nodeshutdown:NoExecute, or delete the node)"
-            )
-        return f"pod {name}: the previous pod of that name is still terminating on {where}", False
-    facts: list[str] = []
-    if node_view is not None:
-        if node_view.unschedulable:
-            facts.append(f"node {node} is cordoned")
-        refused = untolerated(closed(node_view.taints, node_view.capacity), tolerations_of(view.spec.get("template")))
-        if refused:
-            facts.append(f"node {node} has taint(s) {', '.join(map(str, refused))} the pod does not tolerate")
-    else:
-        facts.append(f"node {node} is gone")
-    if pod is None:
-        return f"pod {name} does not exist yet" + "".join(f"; {f}" for f in facts), True
-    if not pod.bound:
-        said = [pod.not_scheduled] if pod.not_scheduled else ["not scheduled yet"]
-        return f"pod {name}: " + "; ".join(said + facts), True
-    # Bound and still starting (a large image pull, containers being created): moving it would
-    # start that over elsewhere, every timeout; it is reported, and moved only if it fails.
-    return f"pod {name} is {pod.phase or 'starting'} on node {node}" + "".join(f"; {f}" for f in facts), False
 
 
 def _admission_timeout(
@@ -288,13 +256,13 @@ def _admission_timeout(
         for i, node in enumerate(entry["nodes"]):
             name = pod_name(view.name, group * shape.pods_per_group + i)
             pod = pods.get(name)
-            if pod is not None and pod.node == node and not _gone(cyc, pod):
+            if pod is not None and pod.node == node and not gone(cyc, pod):
                 if pod.bound and pod.phase == "Running":
                     continue
                 if pod.gated:  # held for the rest of the gang (gates lift together): not a cause itself
                     gated.setdefault(group, []).append(f"pod {name} is gated")
                     continue
-            why, movable = _why_not_running(cyc, view, name, node, pod)
+            why, movable = why_not_running(cyc, view, name, node, pod)
             (stuck.setdefault(group, []) if movable else helpless).append(why)
             if movable and pod is not None:
                 refused.add(node)
@@ -523,7 +491,7 @@ def _broken_groups(
                 broken[group] = f"node {node} disappeared"
             elif not view.ready:
                 broken[group] = f"node {node} is NotReady"
-            elif pod is not None and pod.phase == "Failed" and pod.node == node and not _gone(cyc, pod):
+            elif pod is not None and pod.phase == "Failed" and pod.node == node and not gone(cyc, pod):
                 broken[group] = f"pod {name} failed"
             elif pod is None and running:
                 broken[group] = f"pod {name} vanished"
@@ -547,7 +515,7 @@ def _displaced_groups(
         for i, node in enumerate(entry["nodes"]):
             name = pod_name(view.name, group * shape.pods_per_group + i)
             pod, held = pods.get(name), cyc.snapshot.nodes.get(node)
-            if pod is None or pod.bound or pod.node != node or _gone(cyc, pod) or held is None:
+            if pod is None or pod.bound or pod.node != node or gone(cyc, pod) or held is None:
                 continue
             # The snapshot books tidal's placements plus every other bound pod: beyond capacity, the
             # unbound tidal pod is the one that cannot land (what is bound stays bound).
@@ -555,10 +523,6 @@ def _displaced_groups(
                 displaced[group] = f"pod {name} no longer fits on {node} ({held.allocated} of {held.gpus} GPUs booked)"
                 break
     return displaced
-
-
-def _gone(cyc: Cycle, pod: PodView) -> bool:
-    return pod.terminating or pod.uid in cyc.deleted_uids
 
 
 def _restart(

@@ -187,6 +187,16 @@ class LoadStatus(ApiModel):
     error: str | None = Field(default=None, description="Why the last read of the load signal failed.")
 
 
+class ReplicaPlacement(GroupPlacement):
+    """One replica (its own gang) and the supernode that holds it whole."""
+
+    placed_at: str | None = Field(
+        default=None,
+        description="When its pods began to be awaited: a replica whose pods are not all bound and Running "
+        "by then plus the operator's --admission-timeout is placed again (condition PodsReady).",
+    )
+
+
 class InferencePoolStatus(ApiModel):
     """Observed state of an InferencePool."""
 
@@ -202,7 +212,13 @@ class InferencePoolStatus(ApiModel):
         "subresource's selector: an HPA counts each selected pod as one replica).",
     )
     reason: str = Field(default="", description="Why desired and placed differ, with numbers.")
-    placement: list[GroupPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
+    placement: list[ReplicaPlacement] = Field(default_factory=list, description="Replica -> supernode -> nodes.")
+    refused_nodes: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Nodes a replica's pods waited on in vain until the admission timeout: replicas placed "
+        "again go elsewhere if they fit. Cleared once every replica runs.",
+    )
     load: LoadStatus | None = Field(default=None, description="Load signal.")
     scaled_at: str | None = Field(default=None, description="When replicas were last added or removed.")
     compute_domains: list[str] = Field(
