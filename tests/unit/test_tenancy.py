@@ -8,7 +8,7 @@ from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
 
 from .fake_cluster import FakeCluster
-from .test_rebalance import TEMPLATE, run
+from .test_rebalance import TEMPLATE, check_sound, run
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -199,6 +199,53 @@ def test_a_job_waiting_for_its_victims_keeps_its_quota_share():
     assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for big"
     big = cluster.status("TrainingJob", "a", "big")
     assert big["phase"] == "Pending" and big["reason"].startswith("waiting for 1 preempted job(s)"), big
+    status = cluster.status("TrainingJob", "a", "small")
+    cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
+    assert (status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), status
+
+
+def test_nodes_freed_for_a_waiting_job_are_not_taken_by_a_pool_or_a_lower_job_first():
+    """b's rack job is preempted for a's; while it checkpoints, a low-priority pool asks for the
+    same GPUs. The pool is reconciled before admission in each cycle: it must not take the nodes
+    freed for a's job (which would then wait for good, b evicted for nothing)."""
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    controller = Controller(cluster, FixedClock(NOW))
+    clock = controller.clock
+    ckpt = {"gracePeriodSeconds": 30}
+    cluster.add("TrainingJob", "b", "victim", rack_job(preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for big"
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "c", "p", pool)
+    for _ in range(6):
+        clock.advance(seconds=20)
+        run(cluster, controller, cycles=1)
+    big = cluster.status("TrainingJob", "a", "big")
+    assert big["phase"] in ("Admitted", "Running"), big
+    # The pool may have the 8 GPUs nobody waits for, not the ones freed for big.
+    pool_nodes = {n for r in cluster.get("InferencePool", "c", "p").status.get("placement", []) for n in r["nodes"]}
+    assert not pool_nodes & {n for g in big["placement"] for n in g["nodes"]}
+    check_sound(cluster)
+
+
+def test_a_pool_waiting_for_its_victims_keeps_its_quota_share():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("serving", 1000)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "b", "victim", rack_job(preemptible=True, priorityClassName="low"))
+    run(cluster, controller)
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 32, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "a", "p", {**pool, "priorityClassName": "serving"})
+    small = {"tp": 4, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE, "priorityClassName": "low"}
+    cluster.add("TrainingJob", "a", "small", small)
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for the pool"
     status = cluster.status("TrainingJob", "a", "small")
     cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
     assert (status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), status

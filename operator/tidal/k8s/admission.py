@@ -135,7 +135,8 @@ def admit_queued(
         if cyc.pending_memo.get(view.uid) == mark:
             cyc.count("queue_skipped")  # nothing that could change its answer has moved
             continue
-        new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
+        with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
+            new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
         statuses[view.uid] = (view, new_status)
         if holds_gpus(new_status):
             cyc.pending_memo.pop(view.uid, None)
@@ -470,9 +471,11 @@ def _preemption_inputs(
 def _reserve(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> None:
     """Hold a waiting job's planned nodes and its share of the namespace's quota: while others
     leave for it, no other job takes those GPUs, nor (of its namespace) the quota it will need,
-    which would refuse it once the evictions it caused are done."""
+    which would refuse it once the evictions it caused are done. The nodes are kept for it in the
+    next cycle too, before admission plans it again (`Cycle.held_before`)."""
     reserve_nodes(cyc.snapshot, plan)
     cyc.quotas.book(view, sum(plan.gpus_by_node().values()))
+    cyc.holds[view.uid] = (cyc.priorities.of(view), frozenset(plan.gpus_by_node()))
 
 
 def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:

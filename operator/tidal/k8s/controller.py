@@ -104,6 +104,7 @@ class Controller:
         self._supernodes_seen: dict[str, tuple[ResourceView, Any]] = {}
         self._overbooked: dict[str, int] = {}
         self.pending_memo: dict[str, tuple] = {}
+        self.holds: dict[str, tuple[int, frozenset[str]]] = {}
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
         self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
@@ -261,6 +262,7 @@ class Controller:
             self.clock.now(),
             deleted_uids=self.deleted_uids,
             pending_memo=self.pending_memo,
+            held_before=self.holds,
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
             domain_supernodes=self.domain_supernodes(members),
@@ -287,7 +289,8 @@ class Controller:
                 continue
             actions = cyc.actions
             try:
-                new = self._reconcile_job(cyc, view, status)
+                with cyc.avoiding(cyc.held_from(uid, cyc.priorities.of(view))):
+                    new = self._reconcile_job(cyc, view, status)
             except Exception:
                 log.exception("reconcile failed", namespace=view.namespace, name=view.name)
                 continue
@@ -302,12 +305,15 @@ class Controller:
 
         cyc.quotas = self._quotas(statuses, pools)
         self.loads.forget(set(pools))
-        pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
+        # Nodes last reserved for jobs waiting for their victims stay theirs until admission plans them again.
+        with cyc.avoiding(cyc.held_from()):
+            pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)
         if not pools_waiting:
             expand_elastic(cyc, statuses, self.settings.rebalance)
+        self.holds = cyc.holds
         decided = time.monotonic()
         applied = apply_actions(cyc.plan, self.api, self.writer, self.applied_services, self.service_conflicts)
         for key, n in applied.counters.items():

@@ -95,6 +95,11 @@ class Cycle:
     """Things that happened this cycle: admitted, preemptions, restarts, evictions:<reason>:<how>..."""
     pending_memo: dict[str, tuple] = field(default_factory=dict)
     """Queued job uid -> what the cluster looked like when it last failed to fit (kept across cycles)."""
+    held_before: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    """Nodes reserved last cycle by jobs waiting for their victims (uid -> (priority, nodes)): kept
+    from everyone else until each holder has been planned again in this cycle's admission."""
+    holds: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    """This cycle's reservations, for the next cycle's `held_before`."""
     victims_added: Counter[int] = field(default_factory=Counter)
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
@@ -201,6 +206,16 @@ class Cycle:
                     lifted.append(name)
         with self._flipped(lifted, "tainted", False):
             yield
+
+    def held_from(self, uid: str | None = None, priority: int | None = None) -> set[str]:
+        """Nodes reserved last cycle by other waiting jobs that `priority` may not take (all of
+        them when None): a holder of equal or higher priority keeps its nodes."""
+        return {
+            node
+            for holder, (held_priority, nodes) in self.held_before.items()
+            if holder != uid and (priority is None or held_priority >= priority)
+            for node in nodes
+        }
 
     @contextmanager
     def avoiding(self, nodes: Iterable[str]) -> Iterator[None]:

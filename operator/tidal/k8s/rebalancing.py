@@ -210,6 +210,9 @@ def _grow(
         cyc.count(f"moves:from-training:{'suspend' if eviction.whole else 'shrink'}")
     if plan.placement is not None:
         reserve_nodes(cyc.snapshot, plan.placement)
+        # Its quota share too: a job of its namespace admitted meanwhile would leave the evictions
+        # it caused for nothing (the replicas would then be refused by the quota).
+        cyc.quotas.book(view, sum(plan.placement.gpus_by_node().values()))
     in_flight = [
         v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == f"InferencePool {view.ref}"
     ]
