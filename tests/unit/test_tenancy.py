@@ -105,6 +105,8 @@ def test_a_gang_past_its_namespaces_gpu_quota_stays_pending_naming_it_and_nothin
     assert cluster.status("TrainingJob", "a", "elastic")["currentDP"] == 2  # 2 x 8 = the 16 left
     # Room freed in the namespace: the waiting job is tried again and admitted.
     del cluster.objects[("TrainingJob", "a", "first")]
+    for key in [k for k, body in cluster.pods.items() if body["metadata"]["labels"].get("tidal.dev/job") == "first"]:
+        del cluster.pods[key]  # the garbage collector's part: its pods hold GPUs until they are gone
     run(cluster, controller)
     assert cluster.status("TrainingJob", "a", "second")["phase"] == "Running"
 
@@ -249,3 +251,23 @@ def test_a_pool_waiting_for_its_victims_keeps_its_quota_share():
     status = cluster.status("TrainingJob", "a", "small")
     cond = {c["type"]: c for c in status["conditions"]}["Schedulable"]
     assert (status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), status
+
+
+def test_gpus_of_a_deleted_jobs_pods_stay_booked_until_the_pods_are_gone():
+    """Deleting a job removes the object at once; its pods keep their GPUs through their grace
+    period until the garbage collector and kubelets are done. Nothing may be placed on them."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "j", rack_job())
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "j")["phase"] == "Running"
+    del cluster.objects[("TrainingJob", "a", "j")]
+    cluster.add("TrainingJob", "b", "k", rack_job())
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "b", "k")["phase"] == "Pending", "placed onto GPUs j's pods still hold"
+    check_sound(cluster)
+    for key in [k for k in cluster.pods if k[0] == "a"]:
+        del cluster.pods[key]
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "b", "k")["phase"] == "Running"
+    check_sound(cluster)

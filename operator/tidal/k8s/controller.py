@@ -105,6 +105,8 @@ class Controller:
         self._overbooked: dict[str, int] = {}
         self.pending_memo: dict[str, tuple] = {}
         self.holds: dict[str, tuple[int, frozenset[str]]] = {}
+        self._owners: dict[str, tuple[str, str | None, str, str]] = {}
+        """Workload uid -> (kind, namespace, name, accelerator), kept while its pods outlive it."""
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
         self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
@@ -371,28 +373,43 @@ class Controller:
         return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)
 
     def _book(self, statuses: Statuses, pools: Statuses) -> None:
-        """GPUs booked by each workload's recorded placement, diffed only where a status changed."""
+        """GPUs booked by each workload's recorded placement, diffed only where a status changed.
+        A workload being deleted, or gone while its pods still terminate, keeps the GPUs of those
+        pods booked until they are gone: they still hold them on their nodes."""
         keeper = self.keeper
         priorities = self.priorities()
-        for view, status in statuses.values():
-            source = None if view.deleting else status
-            grew = keeper.set_allocations(
-                view.uid,
-                source,
-                allocations(view, status) if source is not None else (),
-                lambda view=view, status=status: domain_held_nodes(view, status),
-            )
-            if grew and view.spec.get("preemptible"):
-                self.victims_added[priorities.of(view)] += 1
-        for view, status in pools.values():
-            source = None if view.deleting else status
-            keeper.set_allocations(
-                view.uid,
-                source,
-                pool_allocations(view, status) if source is not None else (),
-                lambda view=view, status=status: pool_domain_held_nodes(view, status),
-            )
-        keeper.forget(set(statuses) | set(pools))
+        for kind, items, booked, held in (
+            ("TrainingJob", statuses, allocations, domain_held_nodes),
+            ("InferencePool", pools, pool_allocations, pool_domain_held_nodes),
+        ):
+            for uid, (view, status) in items.items():
+                self._owners[uid] = (kind, view.namespace, view.name, view.spec.get("accelerator", "nvidia.com/gpu"))
+                if view.deleting:
+                    keeper.set_allocations(uid, object(), self._lingering(uid))
+                    continue
+                grew = keeper.set_allocations(
+                    uid, status, booked(view, status), lambda view=view, status=status, held=held: held(view, status)
+                )
+                if grew and kind == "TrainingJob" and view.spec.get("preemptible"):
+                    self.victims_added[priorities.of(view)] += 1
+        live = set(statuses) | set(pools)
+        for uid in [u for u in self._owners if u not in live]:
+            pods = self._lingering(uid)
+            if pods:
+                keeper.set_allocations(uid, object(), pods)
+                live.add(uid)
+            else:
+                del self._owners[uid]
+        keeper.forget(live)
+
+    def _lingering(self, uid: str) -> list[tuple[str, int]]:
+        """(node, GPUs) of the workload's pods that still exist on a node, by owner uid."""
+        kind, namespace, name, accelerator = self._owners[uid]
+        return [
+            (pod.node, pod.requests.get(accelerator, 0))
+            for pod in self.cache.pods_of(kind, namespace, name)
+            if pod.owner_uid == uid and pod.node and pod.active
+        ]
 
     def _settled_job(self, view: ResourceView, status: dict[str, Any], dirty_owners: set, moved: set[str]) -> bool:
         """A placed job whose object, status, pods and nodes are all as when it last needed nothing."""
