@@ -3,7 +3,9 @@ and one object's failure (of any kind) touching no other object."""
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tidal.k8s import labels
@@ -222,3 +224,28 @@ def test_past_the_write_budget_the_rest_of_the_plan_is_skipped_as_failed():
     assert applied.failed_statuses == {("TrainingJob", "ns", "b"), ("TrainingJob", "ns", "c")}
     assert not [c for c in rec.calls if c[0] == "create_pod"], "skipped, and b's and c's withheld anyway"
     assert applied.counters["writes_skipped_after_budget"] == 3
+
+
+def test_status_writes_of_different_objects_run_in_parallel_and_in_order_per_object():
+    """Four objects' writes meet at a barrier: sent one after another they could not (the first
+    would wait for the others for ever), so a hung write holds up no other object's. Two writes
+    of one object stay in order, the second skipped when the first is refused."""
+    barrier = threading.Barrier(4, timeout=10)
+
+    class Concurrent(Recorder):
+        def parallel(self, fn, items):
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                return list(pool.map(fn, items))
+
+        def write(self, v, status):
+            if v.name != "x":
+                barrier.wait()
+            return super().write(v, status)
+
+    rec = Concurrent(refuse={"x"})
+    plan = ActionPlan()
+    plan.statuses = [(view("TrainingJob", n), {}) for n in ("a", "b", "x", "c", "d")]
+    plan.statuses.append((view("TrainingJob", "x"), {"second": True}))
+    applied = apply_actions(plan, rec, rec)
+    assert applied.failed_statuses == {("TrainingJob", "ns", "x")}
+    assert sorted(n for verb, n in rec.calls if verb == "status") == ["a", "b", "c", "d", "x"], "x's second write sent"

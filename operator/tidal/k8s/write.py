@@ -23,6 +23,7 @@ from typing import Any
 from tidal.k8s import labels
 from tidal.k8s.api import Api
 from tidal.k8s.cycle import ActionPlan, log
+from tidal.k8s.state import ResourceView
 from tidal.k8s.status import StatusWriter
 
 SERVICE_CONFLICT_RETRY_SECONDS = 30.0
@@ -86,14 +87,19 @@ def apply_actions(
 
         return within_budget
 
+    by_object: dict[tuple[str, str | None, str], list[tuple[ResourceView, dict[str, Any]]]] = {}
     for view, status in plan.statuses:
-        key = (view.kind, view.namespace, view.name)
+        by_object.setdefault((view.kind, view.namespace, view.name), []).append((view, status))
+    write_status = guarded(lambda s: writer.write(*s), "write_status")
+
+    def in_order(writes: list[tuple[ResourceView, dict[str, Any]]]) -> bool:
         # A later write of an object was decided on top of its earlier one: with that one refused
         # (say, another writer changed the status), the later one must not be sent either.
-        if key in applied.failed_statuses:
-            continue
-        if not guarded(lambda s: writer.write(*s), "write_status")((view, status)):
-            applied.failed_statuses.add(key)
+        return all(write_status(w) for w in writes)
+
+    # Objects in parallel: one whose writes hang costs the cycle one request timeout, not one each.
+    written = api.parallel(in_order, list(by_object.values()))
+    applied.failed_statuses |= {key for key, ok in zip(by_object, written, strict=True) if not ok}
     send_event = guarded(lambda e: api.event(*e), "event")
     for view, reason, message, warning in plan.events:
         log.info("event", kind=view.kind, namespace=view.namespace, name=view.name, reason=reason, message=message)
