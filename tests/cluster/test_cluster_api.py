@@ -124,6 +124,13 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             "must not be set: a DRA claim takes devices",
         ),
         (
+            training_job(
+                "tpl-ctr-claims", template=pod_spec(containers=[{**MAIN, "resources": {"claims": [{"name": "g"}]}}])
+            ),
+            "spec.template.spec.containers",
+            "resources.claims: must not be set",
+        ),
+        (
             training_job("tpl-selector", template=pod_spec(nodeSelector={"gpu": "h100"})),
             "spec.template.spec.nodeSelector",
             "must not be set",

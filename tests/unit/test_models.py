@@ -121,6 +121,10 @@ def test_supernode_defaults():
             "spec.template.spec.resourceClaims: must not be set: a DRA claim takes devices",
         ),
         (
+            {"containers": [{"name": "a", "resources": {"claims": [{"name": "gpus"}]}}]},
+            "spec.template.spec.containers[0].resources.claims: must not be set",
+        ),
+        (
             {
                 "affinity": {
                     "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}

@@ -49,6 +49,11 @@ class ResourceRequirements(PassThrough):
     limits: dict[str, Quantity] | None = Field(
         default=None, max_length=MAX_RESOURCES, description="Resource name -> quantity limit."
     )
+    claims: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=MAX_RESOURCES,
+        description="Must not be set: it names a pod resourceClaim, and those are refused.",
+    )
 
 
 class Container(PassThrough):
@@ -148,6 +153,10 @@ def template_problems(template: PodTemplate, accelerator: str) -> list[str]:
             "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: "
             "must not be set: tidal pins each pod to its node there"
         )
+    for field, containers in (("containers", spec.containers), ("initContainers", spec.init_containers)):
+        for i, c in enumerate(containers or []):
+            if c.resources is not None and c.resources.claims:
+                out.append(f"spec.template.spec.{field}[{i}].resources.claims: must not be set: {CLAIMS_WHY}")
     for i, c in enumerate((spec.containers or [])[1:], start=1):
         if _has_accelerator(c.resources, accelerator):
             out.append(f"spec.template.spec.containers[{i}].resources: {NOT_FIRST.format(acc=accelerator)}")
@@ -206,6 +215,15 @@ def template_rules() -> list[dict[str, str]]:
             "message": "spec.template.spec.containers: " + NOT_FIRST.format(acc="spec.accelerator"),
             "fieldPath": ".template.spec.containers",
         },
+        *(
+            {
+                "rule": f"!has({_T}) || !has({_T}.{field}) || {_T}.{field}.all(c, "
+                "!has(c.resources) || !has(c.resources.claims) || size(c.resources.claims) == 0)",
+                "message": f"spec.template.spec.{field}[].resources.claims: must not be set: {CLAIMS_WHY}",
+                "fieldPath": f".template.spec.{field}",
+            }
+            for field in ("containers", "initContainers")
+        ),
         {
             "rule": f"!has({_T}) || !has({_T}.initContainers) || {_T}.initContainers.all(c, {_NO_ACC.format(c='c')})",
             "message": "spec.template.spec.initContainers: " + NOT_INIT.format(acc="spec.accelerator"),
