@@ -188,7 +188,7 @@ def running_pod(job: ResourceView, name: str, node: str, group: int, gpus: int) 
     owner = ("TrainingJob", job.name) if job.kind == "TrainingJob" else ("InferencePool", job.name)
     pod_labels = {labels.JOB if job.kind == "TrainingJob" else labels.POOL: job.name, labels.HBD_GROUP: str(group)}
     return PodView(job.namespace or "", name, f"pod-{next(_uid)}", node, True, "Running", False, False,
-                   {"nvidia.com/gpu": gpus}, owner, group, pod_labels, {})  # fmt: skip
+                   {"nvidia.com/gpu": gpus}, owner, group, pod_labels, {}, owner_uid=job.uid)  # fmt: skip
 
 
 def build_world(fleet_kind: str, gpus: int, pods_target: int, queued: int, pools: int, seed: int, moe_jobs: int = 0):

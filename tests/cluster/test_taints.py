@@ -29,3 +29,20 @@ def test_a_new_gang_is_placed_only_on_nodes_whose_taints_it_tolerates(
     finally:
         for rack in closed:
             kube.run("taint", "nodes", "-l", f"tidal.dev/supernode={rack}", f"{TAINT_KEY}-", check=False)
+
+
+def test_a_new_gang_is_never_placed_on_cordoned_nodes(kube: Kube, running_operator: OperatorProcess, namespace: str):
+    racks = sorted(set(node_supernodes(kube).values()))
+    open_rack = racks[len(racks) // 2]  # neither end: no packing order picks it by chance
+    closed = [r for r in racks if r != open_rack]
+    try:
+        for rack in closed:
+            kube.run("cordon", "-l", f"tidal.dev/supernode={rack}")
+        submit(kube, namespace, job("cordoned", dp=1))  # 32 GPUs: fits any one rack
+        status = from_wire(wait_phase(kube, namespace, "cordoned", "Running", timeout=120))
+        supernodes = node_supernodes(kube)
+        placed = {supernodes[n] for g in status["placement"] for n in g["nodes"]}
+        assert placed == {open_rack}, f"placed on cordoned racks: {placed - {open_rack}}"
+    finally:
+        for rack in closed:
+            kube.run("uncordon", "-l", f"tidal.dev/supernode={rack}", check=False)

@@ -407,3 +407,25 @@ def test_a_pool_replica_stuck_past_the_admission_timeout_is_placed_again_off_its
     ready = next(c for c in status["conditions"] if c["type"] == "PodsReady")
     assert ready["status"] == "True", "true again once every replica runs"
     assert not status.get("refusedNodes")
+
+
+def test_a_serving_replica_whose_pod_is_deleted_gets_it_back_and_its_own_timeout():
+    """A pod of a replica that served for an hour is deleted (kubectl, a drain, the descheduler):
+    the pod is made again and the replica's clock starts again; the replica is not torn down."""
+    cluster = Stuck("nvl72", 2)
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "ml", "chat", pool)
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    cycles(cluster, controller, 3)
+    before = [r["nodes"] for r in cluster.status("InferencePool", "ml", "chat")["placement"]]
+    clock.advance(seconds=3600)
+    cycles(cluster, controller, 1)
+    del cluster.pods[("ml", "chat-1-0")]
+    cluster.calls.clear()
+    cycles(cluster, controller, 3)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert [r["nodes"] for r in status["placement"]] == before, "the replica was torn down"
+    assert status["readyReplicas"] == 2
+    assert not [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
+    assert ("delete_pod", "chat-1-1") not in cluster.calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 from tidal.clock import FixedClock
@@ -270,4 +271,49 @@ def test_gpus_of_a_deleted_jobs_pods_stay_booked_until_the_pods_are_gone():
         del cluster.pods[key]
     run(cluster, controller)
     assert cluster.status("TrainingJob", "b", "k")["phase"] == "Running"
+    check_sound(cluster)
+
+
+def small_job(**extra) -> dict:
+    return {"tp": 4, "ep": 2, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE, **extra}
+
+
+def test_a_restarting_lower_job_neither_takes_a_waiting_jobs_nodes_nor_spoils_its_plan():
+    """A lower-priority job restarting after a node failure is tried first (recoveries first); it
+    plans around the nodes held for a higher-priority job waiting for its victim, and what it
+    derived under its own view of the snapshot is not reused for the holder (which would then find
+    its own nodes blocked, give up its hold, and leave its victim evicted for nothing)."""
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    controller = Controller(cluster, FixedClock(NOW))
+    clock = controller.clock
+    ckpt = {"gracePeriodSeconds": 30}
+    cluster.add("TrainingJob", "v", "victim", rack_job(preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    cluster.add("TrainingJob", "x", "x", rack_job(priorityClassName="low"))
+    cluster.add("TrainingJob", "y", "y1", small_job(priorityClassName="low"))
+    cluster.add("TrainingJob", "y", "y2", small_job(priorityClassName="low"))
+    run(cluster, controller)
+    x_nodes = {n for g in cluster.status("TrainingJob", "x", "x")["placement"] for n in g["nodes"]}
+    lost = sorted(x_nodes)[0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=2)
+    cluster.add("TrainingJob", "b", "big", rack_job(priorityClassName="high"))
+    for _ in range(7):
+        run(cluster, controller, cycles=1)
+        clock.advance(seconds=20)
+    big = cluster.status("TrainingJob", "b", "big")
+    assert big["phase"] in ("Admitted", "Running"), big
+    check_sound(cluster)
+
+
+def test_pods_of_a_deleted_job_stay_booked_after_a_new_leader_takes_over():
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add("TrainingJob", "a", "j", rack_job())
+    run(cluster, Controller(cluster, FixedClock(NOW)))
+    del cluster.objects[("TrainingJob", "a", "j")]  # its pods are still terminating
+    fresh = Controller(cluster, FixedClock(NOW))  # failover, or the operator restarted
+    cluster.add("TrainingJob", "b", "k", rack_job())
+    run(cluster, fresh)
+    assert cluster.status("TrainingJob", "b", "k")["phase"] == "Pending"
     check_sound(cluster)

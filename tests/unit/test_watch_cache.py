@@ -119,11 +119,11 @@ def test_snapshot_patched_in_place_equals_a_full_rebuild():
 
     state = cluster.state()
     controller.cache.sync(state)
-    controller.cache.memberships()
+    members = controller.cache.memberships()
     _, dirty = controller.cache.take_dirty()
     statuses = {v.uid: (v, controller.writer.effective(v)) for v in state.jobs.values()}
     pools = {v.uid: (v, controller.writer.effective(v)) for v in state.pools.values()}
-    controller._book(statuses, pools)
+    controller._book(statuses, pools, {m.accelerator for m in members.values()})
     patched = controller.keeper.refresh(controller.cache, dirty)
     held = [a for v, s in statuses.values() for a in allocations(v, s)]
     held += [a for v, s in pools.values() for a in pool_allocations(v, s)]

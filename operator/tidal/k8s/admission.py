@@ -457,6 +457,7 @@ def _preemption_inputs(
     only after the snapshot or the set of evictions changed (both walk every placed pod)."""
     key = (
         cyc.snapshot_mutations(),
+        cyc.flips,  # built under one job's avoided nodes, it is not another's
         cyc.counters.get("preemptions", 0),
         cyc.counters.get("defrag_moves", 0),
         cyc.counters.get("admitted", 0),

@@ -105,8 +105,6 @@ class Controller:
         self._overbooked: dict[str, int] = {}
         self.pending_memo: dict[str, tuple] = {}
         self.holds: dict[str, tuple[int, frozenset[str]]] = {}
-        self._owners: dict[str, tuple[str, str | None, str, str]] = {}
-        """Workload uid -> (kind, namespace, name, accelerator), kept while its pods outlive it."""
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
         self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
@@ -252,7 +250,7 @@ class Controller:
         self.writer.forget({v.uid for v in (*cache.jobs.values(), *cache.supernodes.values(), *cache.pools.values())})
         members = cache.memberships()
         dirty_owners, dirty_nodes = cache.take_dirty()
-        self._book(statuses, pools)
+        self._book(statuses, pools, {m.accelerator for m in members.values()})
         snapshot = self.keeper.refresh(cache, dirty_nodes)
         self.deleted_uids &= cache.pod_uids  # forget pods that are gone for good
         cyc = Cycle(
@@ -372,44 +370,39 @@ class Controller:
     def priorities(self) -> Priorities:
         return Priorities(self.cache.priority_classes, self.settings.spec_priority, self.cache.priority_version)
 
-    def _book(self, statuses: Statuses, pools: Statuses) -> None:
+    def _book(self, statuses: Statuses, pools: Statuses, accelerators: set[str]) -> None:
         """GPUs booked by each workload's recorded placement, diffed only where a status changed.
-        A workload being deleted, or gone while its pods still terminate, keeps the GPUs of those
-        pods booked until they are gone: they still hold them on their nodes."""
+        Pods of a workload being deleted, or gone (deleted, or an earlier one of the same name),
+        keep their GPUs booked under their owner's uid until they are gone: they hold them
+        through their grace period. Found from the pod index, so a new leader finds them too."""
         keeper = self.keeper
         priorities = self.priorities()
+        live: set[str] = set()
         for kind, items, booked, held in (
             ("TrainingJob", statuses, allocations, domain_held_nodes),
             ("InferencePool", pools, pool_allocations, pool_domain_held_nodes),
         ):
             for uid, (view, status) in items.items():
-                self._owners[uid] = (kind, view.namespace, view.name, view.spec.get("accelerator", "nvidia.com/gpu"))
                 if view.deleting:
-                    keeper.set_allocations(uid, object(), self._lingering(uid))
                     continue
+                live.add(uid)
                 grew = keeper.set_allocations(
                     uid, status, booked(view, status), lambda view=view, status=status, held=held: held(view, status)
                 )
                 if grew and kind == "TrainingJob" and view.spec.get("preemptible"):
                     self.victims_added[priorities.of(view)] += 1
-        live = set(statuses) | set(pools)
-        for uid in [u for u in self._owners if u not in live]:
-            pods = self._lingering(uid)
-            if pods:
-                keeper.set_allocations(uid, object(), pods)
+        for uid in self.cache.owner_uids():
+            if uid in live:
+                continue
+            lingering = [
+                (pod.node, sum(n for r, n in pod.requests.items() if r in accelerators))
+                for pod in self.cache.pods_of_owner_uid(uid)
+                if pod.node and pod.active
+            ]
+            if lingering:
+                keeper.set_allocations(uid, object(), lingering)
                 live.add(uid)
-            else:
-                del self._owners[uid]
         keeper.forget(live)
-
-    def _lingering(self, uid: str) -> list[tuple[str, int]]:
-        """(node, GPUs) of the workload's pods that still exist on a node, by owner uid."""
-        kind, namespace, name, accelerator = self._owners[uid]
-        return [
-            (pod.node, pod.requests.get(accelerator, 0))
-            for pod in self.cache.pods_of(kind, namespace, name)
-            if pod.owner_uid == uid and pod.node and pod.active
-        ]
 
     def _settled_job(self, view: ResourceView, status: dict[str, Any], dirty_owners: set, moved: set[str]) -> bool:
         """A placed job whose object, status, pods and nodes are all as when it last needed nothing."""

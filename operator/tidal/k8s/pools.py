@@ -407,6 +407,11 @@ def _admission_timeout(
             kept.append(r)
             continue
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
+        if any(n not in pods for n in names):
+            # A pod deleted (kubectl, a drain, the descheduler) is made again this cycle: the
+            # replica's clock starts again with it, however long it has served.
+            kept.append({**r, "placedAt": cyc.stamp})
+            continue
         reasons, movable = stuck_replica(cyc, view, r, pods, names, r.get("placedAt") or status.get("scaledAt"))
         if not reasons:
             kept.append(r)

@@ -50,9 +50,6 @@ class PodView:
     ("TrainingJob" | "InferencePool", name)."""
     group: int | None
     labels: dict[str, str] = field(default_factory=dict)
-    owner_uid: str = ""
-    """uid of the controlling workload: a pod of an earlier workload of the same name (deleted and
-    made again) is not this one's, even before the garbage collector has removed it."""
     annotations: dict[str, str] = field(default_factory=dict)
     domain_claim: str | None = None
     """The ResourceClaimTemplate of its ComputeDomain channel claim, if it has one: a pod made
@@ -60,6 +57,9 @@ class PodView:
     not_scheduled: str | None = None
     """Why kube-scheduler has not bound it ("Unschedulable: 0/3 nodes are available: ..."), from its
     PodScheduled=False condition; None once scheduled or before the scheduler looked."""
+    owner_uid: str = ""
+    """uid of the controlling workload: a pod of an earlier workload of the same name (deleted and
+    made again) is not this one's, even before the garbage collector has removed it."""
 
     @property
     def key(self) -> tuple[str, str]:

@@ -61,6 +61,8 @@ class WatchCache:
         """Moves whenever a ResourceQuota changed: jobs waiting for quota are tried again."""
         self._label_index: dict[str, dict[str, set[str]]] = {}
         self._by_owner: dict[OwnerKey, dict[str, PodView]] = {}
+        self._by_owner_uid: dict[str, dict[tuple[str, str], PodView]] = {}
+        """Controlling workload uid -> its pods, for pods that outlive their workload."""
         self.pod_uids: set[str] = set()
         self.other_held: dict[str, Counter[str]] = {}
         """Node -> accelerators held by bound, active pods tidal does not own."""
@@ -223,6 +225,14 @@ class WatchCache:
                 pods.pop(pod.name, None)
                 if not pods:
                     del self._by_owner[owner]
+        if pod.owner is not None:
+            by_uid = self._by_owner_uid.setdefault(pod.owner_uid, {})
+            if sign > 0:
+                by_uid[(pod.namespace, pod.name)] = pod
+            else:
+                by_uid.pop((pod.namespace, pod.name), None)
+                if not by_uid:
+                    del self._by_owner_uid[pod.owner_uid]
         if sign > 0:
             self.pod_uids.add(pod.uid)
         else:
@@ -235,6 +245,13 @@ class WatchCache:
 
     def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
         return list(self._by_owner.get((kind, namespace, name), {}).values())
+
+    def owner_uids(self) -> list[str]:
+        """uids of the workloads that control a pod in the cache (live or gone)."""
+        return list(self._by_owner_uid)
+
+    def pods_of_owner_uid(self, uid: str) -> list[PodView]:
+        return list(self._by_owner_uid.get(uid, {}).values())
 
     def pods_by_name(self, kind: str, namespace: str | None, name: str) -> dict[str, PodView]:
         return dict(self._by_owner.get((kind, namespace, name), {}))
