@@ -305,9 +305,7 @@ class Controller:
 
         cyc.quotas = self._quotas(statuses, pools)
         self.loads.forget(set(pools))
-        # Nodes last reserved for jobs waiting for their victims stay theirs until admission plans them again.
-        with cyc.avoiding(cyc.held_from()):
-            pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
+        pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)

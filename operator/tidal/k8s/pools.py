@@ -430,7 +430,11 @@ def _admission_timeout(
             status["refusedNodes"] = sorted(refused)[:256]
             cyc.count("admission_timeouts", len(dropped))
             cyc.event(view, "AdmissionTimeout", f"placing {', '.join(dropped)} again: {message}", warning=True)
-    elif len(kept) == len(replicas) and all(ready(r) for r in kept) and condition(conditions, "PodsReady"):
+    elif (
+        len(kept) == len(replicas) >= status.get("desiredReplicas", 0)  # refused nodes matter until the pool is whole
+        and all(ready(r) for r in kept)
+        and condition(conditions, "PodsReady")
+    ):
         status["conditions"] = set_condition(conditions, "PodsReady", True, "Running", "every replica runs", cyc.stamp)
         status.pop("refusedNodes", None)
     return kept

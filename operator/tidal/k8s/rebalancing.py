@@ -131,7 +131,10 @@ def rebalance_pools(
                 need = 0
         if need > 0:
             placed = new["placedReplicas"]
-            new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
+            # Nodes last reserved for workloads waiting for their victims stay theirs, unless this
+            # pool outranks them.
+            with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
+                new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
             cyc.quotas.book(view, (new["placedReplicas"] - placed) * replica_gpus)
             waiting |= still_waiting
         conditions = [  # the problem that held it back is gone
@@ -213,6 +216,7 @@ def _grow(
         # Its quota share too: a job of its namespace admitted meanwhile would leave the evictions
         # it caused for nothing (the replicas would then be refused by the quota).
         cyc.quotas.book(view, sum(plan.placement.gpus_by_node().values()))
+        cyc.holds[view.uid] = (cyc.priorities.of(view), frozenset(plan.placement.gpus_by_node()))
     in_flight = [
         v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == f"InferencePool {view.ref}"
     ]
