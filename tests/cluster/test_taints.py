@@ -32,6 +32,8 @@ def test_a_new_gang_is_placed_only_on_nodes_whose_taints_it_tolerates(
 
 
 def test_a_new_gang_is_never_placed_on_cordoned_nodes(kube: Kube, running_operator: OperatorProcess, namespace: str):
+    """A cordon is seen twice (spec.unschedulable, and the node.kubernetes.io/unschedulable taint
+    Kubernetes adds): with both ignored the gang lands on cordoned nodes and never binds (tried)."""
     racks = sorted(set(node_supernodes(kube).values()))
     open_rack = racks[len(racks) // 2]  # neither end: no packing order picks it by chance
     closed = [r for r in racks if r != open_rack]
