@@ -7,6 +7,8 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.state import NodeView
@@ -429,3 +431,32 @@ def test_a_serving_replica_whose_pod_is_deleted_gets_it_back_and_its_own_timeout
     assert status["readyReplicas"] == 2
     assert not [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
     assert ("delete_pod", "chat-1-1") not in cluster.calls
+
+
+class RefusingCreate(Stuck):
+    """The API server refuses one pod's create every time (a ResourceQuota 403, a webhook, PSA)."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.refuse_create: set[str] = set()
+
+    def create_pod(self, body: dict[str, Any]) -> bool:
+        if body["metadata"]["name"] in self.refuse_create:
+            self._log("create_pod_refused", body["metadata"]["name"])
+            raise ApiException(status=403, reason="Forbidden: exceeded quota")
+        return super().create_pod(body)
+
+
+def test_a_pool_replica_whose_pod_is_never_made_times_out():
+    cluster = RefusingCreate("nvl72", 2)
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "ml", "chat", pool)
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    cluster.refuse_create.add("chat-1-1")
+    cycles(cluster, controller, 3)
+    for _ in range(4):
+        clock.advance(seconds=300)
+        cycles(cluster, controller, 1)
+    events = [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
+    assert events and "chat-1-1 does not exist yet" in events[0][2], events

@@ -7,6 +7,7 @@ import datetime as dt
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.taints import Taint
 
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE, check_sound, run
@@ -317,3 +318,21 @@ def test_pods_of_a_deleted_job_stay_booked_after_a_new_leader_takes_over():
     run(cluster, fresh)
     assert cluster.status("TrainingJob", "b", "k")["phase"] == "Pending"
     check_sound(cluster)
+
+
+def test_a_job_preempts_on_tainted_nodes_it_tolerates():
+    """A rack dedicated to team a (every node tainted dedicated=a:NoSchedule); both jobs tolerate
+    it. The high-priority job must preempt the low-priority one there, as it would untainted."""
+    cluster = FakeCluster("nvl72", 1)
+    for name in list(cluster.nodes):
+        cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], taints=(Taint("dedicated", "a", "NoSchedule"),))
+    tolerant = {"spec": {**TEMPLATE["spec"], "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "low", rack_job(preemptible=True, priorityClassName="low", template=tolerant))
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "low")["phase"] == "Running"
+    cluster.add("TrainingJob", "a", "high", rack_job(priorityClassName="high", template=tolerant))
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "a", "low").get("eviction"), "the tolerating job never preempts"

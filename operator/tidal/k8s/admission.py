@@ -223,7 +223,8 @@ def _try_admit(
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)
     if over_quota:  # preemption and defragmentation plan for spec.dp, which the quota refuses
         return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
-    return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
+    with cyc.tolerating(view.spec.get("template")):  # it may preempt on the tainted nodes it tolerates
+        return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
 
 
 def _too_large(
@@ -457,7 +458,7 @@ def _preemption_inputs(
     only after the snapshot or the set of evictions changed (both walk every placed pod)."""
     key = (
         cyc.snapshot_mutations(),
-        cyc.flips,  # built under one job's avoided nodes, it is not another's
+        tuple(cyc.flipped),  # built under one job's avoided or tolerated nodes, it is not another's
         cyc.counters.get("preemptions", 0),
         cyc.counters.get("defrag_moves", 0),
         cyc.counters.get("admitted", 0),

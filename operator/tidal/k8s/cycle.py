@@ -100,9 +100,9 @@ class Cycle:
     from everyone else until each holder has been planned again in this cycle's admission."""
     holds: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
     """This cycle's reservations, for the next cycle's `held_before`."""
-    flips: int = 0
-    """Counts entries to and exits from `avoiding`/`tolerating` that changed nodes: what is derived
-    from the snapshot inside one block (e.g. admission's preemption inputs) is not reused in another."""
+    flipped: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    """The (flag, nodes) of the `avoiding`/`tolerating` blocks now open: what is derived from the
+    snapshot inside them (admission's preemption inputs) is reused only under the same ones."""
     victims_added: Counter[int] = field(default_factory=Counter)
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
@@ -234,13 +234,15 @@ class Cycle:
         whatever was booked on them meanwhile kept (unjournaled flips; bookings journal themselves)."""
         for name in names:
             ClusterSnapshot.update_node(self.snapshot, name, **{flag: value})
-        self.flips += bool(names)
+        if names:
+            self.flipped.append((flag, frozenset(names)))
         try:
             yield
         finally:
             for name in names:
                 ClusterSnapshot.update_node(self.snapshot, name, **{flag: not value})
-            self.flips += bool(names)
+            if names:
+                self.flipped.pop()
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)

@@ -404,13 +404,14 @@ def _admission_timeout(
     refused: set[str] = set()
     for r in replicas:
         if ready(r):
-            kept.append(r)
+            kept.append(r if r.get("servedAt") else {**r, "servedAt": cyc.stamp})
             continue
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
-        if any(n not in pods for n in names):
-            # A pod deleted (kubectl, a drain, the descheduler) is made again this cycle: the
-            # replica's clock starts again with it, however long it has served.
-            kept.append({**r, "placedAt": cyc.stamp})
+        if r.get("servedAt") and any(n not in pods for n in names):
+            # A pod of a replica that served was deleted (kubectl, a drain, the descheduler) and is
+            # made again this cycle: the clock starts again with it, once; a pod never made at
+            # all (refused by a quota or a webhook) times out like any other.
+            kept.append({**{k: v for k, v in r.items() if k != "servedAt"}, "placedAt": cyc.stamp})
             continue
         reasons, movable = stuck_replica(cyc, view, r, pods, names, r.get("placedAt") or status.get("scaledAt"))
         if not reasons:

@@ -199,7 +199,8 @@ def _grow(
     if remaining <= 0:
         return status, False
     left = budget_left(cyc, jobs, settings)
-    scratch = without_evictions_in_flight(cyc, jobs)
+    with cyc.tolerating(view.spec.get("template")):  # it may evict on the tainted nodes it tolerates
+        scratch = without_evictions_in_flight(cyc, jobs)
     plan = plan_capacity(scratch, _request(cyc, view, remaining), running_gangs(cyc, jobs), left)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}
     for eviction in plan.evictions:

@@ -195,6 +195,11 @@ class ReplicaPlacement(GroupPlacement):
         description="When its pods began to be awaited: a replica whose pods are not all bound and Running "
         "by then plus the operator's --admission-timeout is placed again (condition PodsReady).",
     )
+    served_at: str | None = Field(
+        default=None,
+        description="When all its pods were first seen Running: a pod deleted after that is made again "
+        "with a fresh admission timeout.",
+    )
 
 
 class InferencePoolStatus(ApiModel):
