@@ -16,6 +16,10 @@ def gone(cyc: Cycle, pod: PodView) -> bool:
     return pod.terminating or pod.uid in cyc.deleted_uids
 
 
+def running(pod: PodView | None) -> bool:
+    return pod is not None and pod.bound and pod.phase == "Running"
+
+
 def why_not_running(cyc: Cycle, view: ResourceView, name: str, node: str, pod: PodView | None) -> tuple[str, bool]:
     """(why the pod is not bound and Running on its planned node, whether placing its group
     again can help). An old pod of the same name still terminating cannot be helped: the new one
@@ -62,7 +66,7 @@ def stuck_replica(
     for name, node in zip(names, replica["nodes"], strict=True):
         pod = pods.get(name)
         if pod is not None and pod.node == node and not gone(cyc, pod):
-            if pod.bound and pod.phase == "Running":
+            if running(pod):
                 continue
             if pod.gated:  # held for the rest of the replica: not a cause itself
                 continue

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from tidal.k8s import labels
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.manifests import compute_domain, owner_reference, pinned_pod
-from tidal.k8s.pods_ready import stuck_replica, timeout_seconds
+from tidal.k8s.pods_ready import running, stuck_replica, timeout_seconds
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import hold_whole, prune_domains
@@ -420,7 +420,7 @@ def _admission_timeout(
         said += reasons
         if movable:
             dropped.append(f"replica {r['group']}")
-            refused |= {node for name, node in zip(names, r["nodes"], strict=True) if not _running(pods.get(name))}
+            refused |= {node for name, node in zip(names, r["nodes"], strict=True) if not running(pods.get(name))}
         else:  # bound and starting: named, looked at again one timeout later
             kept.append({**r, "placedAt": cyc.stamp})
     conditions = status.get("conditions", [])
@@ -439,10 +439,6 @@ def _admission_timeout(
         status["conditions"] = set_condition(conditions, "PodsReady", True, "Running", "every replica runs", cyc.stamp)
         status.pop("refusedNodes", None)
     return kept
-
-
-def _running(pod: PodView | None) -> bool:
-    return pod is not None and pod.bound and pod.phase == "Running"
 
 
 def _sync_pods(

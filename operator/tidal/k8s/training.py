@@ -16,7 +16,7 @@ from tidal.k8s import labels
 from tidal.k8s.compute_domains import domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
-from tidal.k8s.pods_ready import gone, why_not_running
+from tidal.k8s.pods_ready import gone, running, timeout_seconds, why_not_running
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.model import TrainingJobSpec, describe_errors
@@ -257,7 +257,7 @@ def _admission_timeout(
             name = pod_name(view.name, group * shape.pods_per_group + i)
             pod = pods.get(name)
             if pod is not None and pod.node == node and not gone(cyc, pod):
-                if pod.bound and pod.phase == "Running":
+                if running(pod):
                     continue
                 if pod.gated:  # held for the rest of the gang (gates lift together): not a cause itself
                     gated.setdefault(group, []).append(f"pod {name} is gated")
@@ -270,7 +270,7 @@ def _admission_timeout(
         if not gated:
             return status  # all bound and Running since the last look: the reconcile says Running
         stuck = gated  # nothing else holds the gates (an ungate that keeps failing?): move them
-    timeout = int(cyc.admission_timeout.total_seconds()) if cyc.admission_timeout else 0
+    timeout = timeout_seconds(cyc)
     reasons = [r for rs in stuck.values() for r in rs] + helpless
     message = f"not bound and Running {timeout}s after placement: {'; '.join(reasons)}"
     conditions = set_condition(status.get("conditions", []), "PodsReady", False, "AdmissionTimeout", message, cyc.stamp)
