@@ -185,15 +185,20 @@ def resource(kind: str, namespace: str | None, name: str, spec: dict, status: di
                         spec, status or {}, {}, str(n), False)  # fmt: skip
 
 
-def job_spec(tp: int, ep: int, pp: int, dp: int, gpp: int, priority: int = 0) -> dict[str, Any]:
-    return {"tp": tp, "ep": ep, "pp": pp, "dp": dp, "gpusPerPod": gpp, "priority": priority, "template": TEMPLATE}
+def job_spec(
+    tp: int, ep: int, pp: int, dp: int, gpp: int, priority: int = 0, accelerator: str = "nvidia.com/gpu"
+) -> dict[str, Any]:
+    spec = {"tp": tp, "ep": ep, "pp": pp, "dp": dp, "gpusPerPod": gpp, "priority": priority, "template": TEMPLATE}
+    return spec if accelerator == "nvidia.com/gpu" else {**spec, "accelerator": accelerator}
 
 
-def running_pod(job: ResourceView, name: str, node: str, group: int, gpus: int) -> PodView:
+def running_pod(
+    job: ResourceView, name: str, node: str, group: int, gpus: int, accelerator: str = "nvidia.com/gpu"
+) -> PodView:
     owner = ("TrainingJob", job.name) if job.kind == "TrainingJob" else ("InferencePool", job.name)
     pod_labels = {labels.JOB if job.kind == "TrainingJob" else labels.POOL: job.name, labels.HBD_GROUP: str(group)}
     return PodView(job.namespace or "", name, f"pod-{next(_uid)}", node, True, "Running", False, False,
-                   {"nvidia.com/gpu": gpus}, owner, group, pod_labels, {}, owner_uid=job.uid)  # fmt: skip
+                   {accelerator: gpus}, owner, group, pod_labels, {}, owner_uid=job.uid)  # fmt: skip
 
 
 def build_world(fleet_kind: str, gpus: int, pods_target: int, queued: int, pools: int, seed: int, moe_jobs: int = 0):
@@ -229,18 +234,21 @@ def build_world(fleet_kind: str, gpus: int, pods_target: int, queued: int, pools
         pool_views[_key(view)] = view
         pods[("serve", f"{view.name}-0-0")] = running_pod(view, f"{view.name}-0-0", g.nodes[0], 0, 1)
     moe_spec = job_spec(8, 8, 4, 4, 1)  # 1,024 GPUs, 1,024 pods, 16 groups of 64 (a rack's 16 nodes each)
-    dense_spec = job_spec(4, 1, 4, 64, 1)  # 1,024 GPUs, 1,024 pods, groups of 4 (one node each)
+    # Dense jobs: 1,024 GPUs, 1,024 pods, groups of 4 (one node each), of each accelerator in turn
+    # until it is full, so a mixed fleet's CM384-like domains hold pods too.
+    dense_specs = [job_spec(4, 1, 4, 64, 1, accelerator=a) for a in dict.fromkeys(sn.shape.accelerator for sn in fleet)]
     moe_keys: list[Any] = []
     i = 0
-    while len(pods) + 1024 <= pods_target:
-        shape_spec = moe_spec if i < moe_jobs else dense_spec
-        shape = GangShape.of(shape_spec)
+    while len(pods) + 1024 <= pods_target and (i < moe_jobs or dense_specs):
+        shape_spec = moe_spec if i < moe_jobs else dense_specs[i % len(dense_specs)]
+        shape, accelerator = GangShape.of(shape_spec), shape_spec.get("accelerator", "nvidia.com/gpu")
         view = resource("TrainingJob", "ml", f"job-{i:03d}", dict(shape_spec))
-        plan = plan_gang(scratch, shape.request(view.ref))
+        plan = plan_gang(scratch, shape.request(view.ref, accelerator=accelerator))
         if not isinstance(plan, PlacementPlan):
             if i < moe_jobs:
                 raise ValueError(f"the fleet has no room for {moe_jobs} MoE jobs")
-            break
+            dense_specs.remove(shape_spec)  # this accelerator is full
+            continue
         apply_plan(scratch, plan)
         placement = placement_of(plan)
         status = {"phase": "Running", **summary_fields(placement, shape), "admittedAt": "2026-05-01T00:00:00Z"}
@@ -251,7 +259,7 @@ def build_world(fleet_kind: str, gpus: int, pods_target: int, queued: int, pools
         for group in placement:
             for k, node in enumerate(group["nodes"]):
                 name = f"{view.name}-{group['group'] * shape.pods_per_group + k}"
-                pods[("ml", name)] = running_pod(view, name, node, group["group"], 1)
+                pods[("ml", name)] = running_pod(view, name, node, group["group"], 1, accelerator)
         i += 1
     rng = random.Random(seed)
     for q in range(queued):  # each wants more than is free: they wait
@@ -335,14 +343,17 @@ def run(
     job_keys = [k for k, v in state.jobs.items() if v.status and k not in moe_keys]
     placed = len(job_keys)
     times: list[float] = []
+    cpu_times: list[float] = []  # this process's CPU: comparable when other work shares the cores
     prof = cProfile.Profile() if profile else None
     requests_before = api.total_requests
+    requests_by_kind_before = Counter(api.requests)
     for c in range(cycles):
         cache = controller.cache
         for key in rng.sample(pod_keys, 200):  # pods change (annotations, say): their owners are looked at
             pod = cache.pods.get(key)
             if pod is not None:
-                cache.feed("pod", key, replace(pod, annotations={"tick": str(c)}))
+                # Another controller's annotation: it adds to the pod's annotations, as a patch would.
+                cache.feed("pod", key, replace(pod, annotations={**pod.annotations, "tick": str(c)}))
         name = rng.choice(node_names)
         node = cache.nodes[name]
         cache.feed("node", name, replace(node, labels={**node.labels, "tidal.dev/tick": str(c)}))
@@ -351,7 +362,7 @@ def run(
             cache.feed("node", victim, replace(cache.nodes[victim], ready=False))
         if c % 15 == 7 and job_keys:  # a job finishes: GPUs free up, the queue is tried again
             _finish(controller, api, job_keys.pop())
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         if prof is not None and c == cycles // 2:
             prof.enable()
             controller.cycle()
@@ -359,7 +370,10 @@ def run(
         else:
             controller.cycle()
         times.append((time.perf_counter() - t) * 1000)
+        cpu_times.append((time.process_time() - cpu) * 1000)
     steady_requests = api.total_requests - requests_before
+    steady_by_kind = Counter(api.requests)
+    steady_by_kind.subtract(requests_by_kind_before)
     # Room for a 16,384-GPU gang (the MoE jobs finish: a rack each of their groups now has 64
     # free GPUs; a rack of 72 holds one group of 64) and the gang, in one batch of events: the
     # highest priority in the queue, it is admitted by the cycle that sees the room.
@@ -392,6 +406,7 @@ def run(
         "cycles": cycles,
         "cycle_p50_ms": round(percentile(times, 0.5), 1),
         "cycle_p99_ms": round(percentile(times, 0.99), 1),
+        "cycle_cpu_p50_ms": round(percentile(cpu_times, 0.5), 1),
         "first_cycle_ms": round(first_ms, 1),
         "admit_16k_gang_ms": round(admit_ms, 1),
         "admit_16k_decide_ms": round(report.decide_seconds * 1000, 1),
@@ -402,6 +417,7 @@ def run(
         "jobs_admitted_in_that_cycle": report.cycle.counters.get("admitted", 0) if report.cycle else 0,
         "peak_rss_mb": round(rss, 1),
         "api_requests_steady": steady_requests,
+        "api_requests_steady_by_kind": {k: n for k, n in sorted(steady_by_kind.items()) if n},
         "world_build_s": round(build_s, 1),
     }
     if with_old_path:
@@ -446,7 +462,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         sizes = {"gpus": 40 * 72, "pods": 2_100, "queued": 20, "pools": 10, "cycles": min(args.cycles, 5), "dp": 2}
     else:
-        sizes = {"gpus": 100_000, "pods": 100_000, "queued": 1_000, "pools": 500, "cycles": args.cycles, "dp": 64}
+        # The mixed fleet has 216 NVL72 racks (the rest CM384-like and HGX): 13 MoE jobs' 208 racks
+        # hold a gang of 184 groups of 64 (dp=46, 11,776 GPUs), not the NVL72 fleet's 16,384 GPUs.
+        dp = 64 if args.fleet == "nvl72" else 46
+        sizes = {"gpus": 100_000, "pods": 100_000, "queued": 1_000, "pools": 500, "cycles": args.cycles, "dp": dp}
     result = run(args.fleet, sizes["gpus"], sizes["pods"], sizes["queued"], sizes["pools"], sizes["cycles"],
                  args.seed, args.profile, sizes["dp"], not args.no_old_path)  # fmt: skip
     profile = result.pop("profile", None)

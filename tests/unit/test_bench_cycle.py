@@ -31,8 +31,9 @@ def restored_logging(monkeypatch):
 def test_bench_cycle_quick_runs_and_reports_its_fields(capsys, restored_logging):
     result = main(["--quick", "--json"])
     for field in ("nodes", "gpus", "pods", "queued_jobs", "cycle_p50_ms", "cycle_p99_ms", "admit_16k_gang_ms",
-                  "peak_rss_mb", "old_cycle_ms"):  # fmt: skip
+                  "peak_rss_mb", "old_cycle_ms", "cycle_cpu_p50_ms", "api_requests_steady_by_kind"):  # fmt: skip
         assert field in result, field
     assert result["big_gang_admitted"] is True
     assert result["pods"] > 2000 and result["queued_jobs"] == 20
+    assert sum(result["api_requests_steady_by_kind"].values()) == result["api_requests_steady"]
     assert '"cycle_p50_ms"' in capsys.readouterr().out
