@@ -381,7 +381,7 @@ def _defragment(
         return None  # short of GPUs, not of their arrangement
     if any((s.get("eviction") or {}).get("reason") == DEFRAGMENTED for _, s in statuses.values()):
         return None
-    movers = _movable(cyc, statuses, gangs, request)
+    movers = _movable(cyc, statuses, gangs, request, view.spec.get("template"))
     if not movers:
         return None
     budget = defrag_budget()
@@ -429,11 +429,16 @@ def _movable(
     statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
     gangs: list[RunningGang],
     request: GangRequest,
+    template: dict[str, Any] | None,
 ) -> list[MovableGang]:
     """Running gangs that may move for `request` (preemptible, priority <= its), with their shapes;
-    not one moved by defragmentation within DEFRAG_COOLDOWN."""
+    not one moved by defragmentation within DEFRAG_COOLDOWN. The request's pods (`template`) may
+    tolerate taints a mover's do not: each mover is re-placed only where its own pods may go, or a
+    move could leave it with nowhere to return to."""
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
     recent = cyc.now - DEFRAG_COOLDOWN
+    mine = cyc.tolerated(template)
+    differences: dict[frozenset[str], tuple[frozenset[str], frozenset[str]]] = {}
     out = []
     for gang in gangs:
         if not gang.preemptible or gang.priority > request.priority or gang.name not in by_uid:
@@ -447,7 +452,11 @@ def _movable(
         ):
             continue
         again = job_request(cyc, view, shape_of(view, status), name=gang.name)
-        out.append(MovableGang(gang, again))
+        theirs = cyc.tolerated(view.spec.get("template"))
+        if theirs not in differences:
+            differences[theirs] = (mine - theirs, theirs - mine)
+        tainted, untainted = differences[theirs]
+        out.append(MovableGang(gang, again, tainted=tainted, untainted=untainted))
     return out
 
 

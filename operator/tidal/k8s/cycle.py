@@ -197,18 +197,25 @@ class Cycle:
         The snapshot marks every NoSchedule/NoExecute-tainted node unusable (the pure core knows
         no tolerations); a workload that tolerates some gets them back for its own planning only,
         and they are marked again after, with whatever it booked there kept."""
-        tolerations = tolerations_of(template)
-        lifted: list[str] = []
-        if tolerations:
-            nodes, snapshot = self.state.nodes, self.snapshot
-            for name in self.state.tainted:
-                state, node = snapshot.nodes.get(name), nodes.get(name)
-                if state is None or node is None or not state.tainted:
-                    continue
-                if not untolerated(closed(node.taints, node.capacity), tolerations):
-                    lifted.append(name)
+        snapshot = self.snapshot
+        lifted = [n for n in self.tolerated(template) if (s := snapshot.nodes.get(n)) is not None and s.tainted]
         with self._flipped(lifted, "tainted", False):
             yield
+
+    def tolerated(self, template: dict[str, Any] | None) -> frozenset[str]:
+        """The nodes kept from tidal's pods by taints (closed ones) that this pod template tolerates
+        every one of: where it may go that others may not."""
+        tolerations = tolerations_of(template)
+        if not tolerations:
+            return frozenset()
+        nodes = self.state.nodes
+        return frozenset(
+            name
+            for name in self.state.tainted
+            if (node := nodes.get(name)) is not None
+            and (taints := closed(node.taints, node.capacity))
+            and not untolerated(taints, tolerations)
+        )
 
     def held_from(self, uid: str | None = None, priority: int | None = None) -> set[str]:
         """Nodes reserved last cycle by other waiting jobs that `priority` may not take (all of
