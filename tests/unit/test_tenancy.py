@@ -336,3 +336,64 @@ def test_a_job_preempts_on_tainted_nodes_it_tolerates():
     cluster.add("TrainingJob", "a", "high", rack_job(priorityClassName="high", template=tolerant))
     run(cluster, controller, cycles=2)
     assert cluster.status("TrainingJob", "a", "low").get("eviction"), "the tolerating job never preempts"
+
+
+def waiting_for_a_rack(cluster: FakeCluster, controller: Controller) -> None:
+    """Namespace a (quota 64 GPUs) has its 64-GPU job `big` (high) wait for b's preempted rack job
+    (low, 300 s to checkpoint) on the one rack: big holds its nodes and its whole quota share."""
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    ckpt = {"gracePeriodSeconds": 300}
+    cluster.add("TrainingJob", "b", "victim", rack_job(preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for big"
+
+
+def schedulable(cluster: FakeCluster, kind: str, namespace: str, name: str) -> str:
+    status = cluster.get(kind, namespace, name).status
+    return {c["type"]: c for c in status.get("conditions", [])}["Schedulable"]["reason"]
+
+
+def test_a_lower_pool_of_its_namespace_does_not_take_a_waiting_jobs_quota_share_next_cycle():
+    """Pools are grown before admission plans big again: the quota share big booked last cycle
+    must still be its own then, or the pool takes 8 of the 64 GPUs, big is refused by the quota
+    and its victim was evicted for nothing."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    waiting_for_a_rack(cluster, controller)
+    pool = {"minReplicas": 1, "maxReplicas": 1, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "a", "p", {**pool, "priorityClassName": "low"})
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert cluster.get("InferencePool", "a", "p").status["placedReplicas"] == 0
+    assert schedulable(cluster, "InferencePool", "a", "p") == "QuotaExceeded"
+
+
+def test_a_higher_pool_of_its_namespace_is_not_held_back_by_a_lower_waiting_jobs_quota_share():
+    """A hold keeps quota only from workloads that do not outrank the holder, as it keeps nodes."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    waiting_for_a_rack(cluster, controller)
+    cluster.add_priority_class("serving", 1000)
+    pool = {"minReplicas": 1, "maxReplicas": 1, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "a", "p", {**pool, "priorityClassName": "serving"})
+    run(cluster, controller, cycles=1)
+    assert cluster.get("InferencePool", "a", "p").status["placedReplicas"] == 1
+
+
+def test_a_job_refused_for_a_holds_quota_share_is_tried_again_once_the_holder_is_gone():
+    """A small job of namespace a is refused while big holds the whole quota; big is deleted
+    while nothing else changes (the victim still checkpoints): the small job is admitted."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    waiting_for_a_rack(cluster, controller)
+    cluster.add("TrainingJob", "a", "small", small_job(priorityClassName="low"))  # 8 GPUs, 8 free
+    run(cluster, controller, cycles=2)
+    assert schedulable(cluster, "TrainingJob", "a", "small") == "QuotaExceeded"
+    del cluster.objects[("TrainingJob", "a", "big")]
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "a", "small")["phase"] in ("Admitted", "Running")
+    check_sound(cluster)

@@ -130,11 +130,15 @@ def admit_queued(
 ) -> None:
     """`defrag_budget`: what defragmentation moves may still take; None turns defragmentation off."""
     queue = sorted((item for item in statuses.values() if is_queued(*item)), key=lambda item: queue_order(cyc, item))
+    queued = {view.uid for view, _ in queue}
+    for uid in [u for u in cyc.held_before if u not in queued]:
+        cyc.release_hold(uid)  # deleted, suspended, or a pool (planned again already): it waits no more
     for view, status in queue:
         mark = retry_mark(cyc, view, status)
         if cyc.pending_memo.get(view.uid) == mark:
             cyc.count("queue_skipped")  # nothing that could change its answer has moved
             continue
+        cyc.release_hold(view.uid)
         with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
             new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
         statuses[view.uid] = (view, new_status)
@@ -163,6 +167,7 @@ def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
         cyc.evictions_started,
         cyc.priorities.version,  # a PriorityClass made or changed: its priority (or existence) moved
         cyc.quotas.version,  # a ResourceQuota made or changed
+        cyc.holds_mark,  # a hold (its nodes, its quota share) came or went
     )
 
 
@@ -482,11 +487,10 @@ def _preemption_inputs(
 def _reserve(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> None:
     """Hold a waiting job's planned nodes and its share of the namespace's quota: while others
     leave for it, no other job takes those GPUs, nor (of its namespace) the quota it will need,
-    which would refuse it once the evictions it caused are done. The nodes are kept for it in the
-    next cycle too, before admission plans it again (`Cycle.held_before`)."""
+    which would refuse it once the evictions it caused are done. Both are kept for it in the next
+    cycle too, until admission plans it again (`Cycle.held_before`)."""
     reserve_nodes(cyc.snapshot, plan)
-    cyc.quotas.book(view, sum(plan.gpus_by_node().values()))
-    cyc.holds[view.uid] = (cyc.priorities.of(view), frozenset(plan.gpus_by_node()))
+    cyc.hold(view, plan.gpus_by_node())
 
 
 def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:

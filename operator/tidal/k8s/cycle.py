@@ -75,6 +75,19 @@ class ActionPlan:
         )
 
 
+@dataclass(frozen=True)
+class Hold:
+    """What a workload waiting for its victims (or moves) reserved in one cycle: in the next cycle
+    its nodes and its quota share are kept from every workload it does not rank below, until it is
+    planned again (when it re-holds, is admitted, or gives up)."""
+
+    priority: int
+    nodes: frozenset[str]
+    namespace: str = ""
+    accelerator: str = "nvidia.com/gpu"
+    gpus: int = 0
+
+
 @dataclass
 class Cycle:
     state: Any
@@ -95,11 +108,14 @@ class Cycle:
     """Things that happened this cycle: admitted, preemptions, restarts, evictions:<reason>:<how>..."""
     pending_memo: dict[str, tuple] = field(default_factory=dict)
     """Queued job uid -> what the cluster looked like when it last failed to fit (kept across cycles)."""
-    held_before: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
-    """Nodes reserved last cycle by jobs waiting for their victims (uid -> (priority, nodes)): kept
-    from everyone else until each holder has been planned again in this cycle's admission."""
-    holds: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    held_before: dict[str, Hold] = field(default_factory=dict)
+    """Last cycle's holds (holder uid -> Hold), each dropped when its holder is planned again
+    (`release_hold`); its quota share is carried into `quotas` (Quotas.carry)."""
+    holds: dict[str, Hold] = field(default_factory=dict)
     """This cycle's reservations, for the next cycle's `held_before`."""
+    holds_mark: int = 0
+    """Last cycle's holds as one number: a queued job is tried again when they change (one that
+    gave up for a hold's nodes or quota share may fit once it is gone)."""
     flipped: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     """The (flag, nodes) of the `avoiding`/`tolerating` blocks now open: what is derived from the
     snapshot inside them (admission's preemption inputs) is reused only under the same ones."""
@@ -222,10 +238,25 @@ class Cycle:
         them when None): a holder of equal or higher priority keeps its nodes."""
         return {
             node
-            for holder, (held_priority, nodes) in self.held_before.items()
-            if holder != uid and (priority is None or held_priority >= priority)
-            for node in nodes
+            for holder, hold in self.held_before.items()
+            if holder != uid and (priority is None or hold.priority >= priority)
+            for node in hold.nodes
         }
+
+    def hold(self, view: ResourceView, gpus_by_node: dict[str, int]) -> None:
+        """Keep a waiting workload's planned nodes (already reserved in the snapshot by the caller)
+        and its quota share: this cycle by booking, the next one through `held_before`."""
+        gpus = sum(gpus_by_node.values())
+        self.quotas.book(view, gpus)
+        accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
+        priority = self.priorities.of(view)
+        self.holds[view.uid] = Hold(priority, frozenset(gpus_by_node), view.namespace or "", accelerator, gpus)
+
+    def release_hold(self, uid: str) -> None:
+        """The holder is being planned again (or is no longer waiting): what it held last cycle is
+        everyone's again; a new hold of its own is reserved and booked afresh."""
+        if self.held_before.pop(uid, None) is not None:
+            self.quotas.release_hold(uid)
 
     @contextmanager
     def avoiding(self, nodes: Iterable[str]) -> Iterator[None]:
