@@ -119,6 +119,71 @@ def test_a_group_whose_pod_a_no_execute_taint_evicted_is_not_placed_again_on_tai
     assert evicted not in {p["spec"]["nodeName"] for p in cluster.pods_of("tidal.dev/job", "job")}
 
 
+def dedicated_racks(cluster: FakeCluster) -> dict[str, dict[str, Any]]:
+    """Rack i is team "abcd"[i]'s (dedicated=<team>:NoSchedule on every node): team -> a template
+    tolerating its own taint only."""
+    racks = sorted({n.rsplit("-", 1)[0] for n in cluster.nodes})
+    for team, supernode in zip("abcd", racks, strict=False):
+        for node in rack(cluster, supernode):
+            taint(cluster, node, Taint("dedicated", team, "NoSchedule"))
+    tolerations = {t: [{"key": "dedicated", "operator": "Equal", "value": t}] for t in "abcd"}
+    return {t: {"spec": {**TEMPLATE["spec"], "tolerations": tolerations[t]}} for t in "abcd"}
+
+
+def test_queued_jobs_of_teams_with_their_own_taints_share_one_copy_of_the_preemption_inputs(monkeypatch):
+    """20 queued jobs of 4 teams, interleaved in queue order, each tolerating its team's taint: the
+    preemption inputs (a copy of the snapshot and a walk of every placed pod) are made once, not
+    once per job (the copy is brought to each job's tolerated nodes instead)."""
+    from tidal.k8s import admission
+
+    made = []
+    real = admission.without_evictions_in_flight
+    monkeypatch.setattr(admission, "without_evictions_in_flight", lambda *a: made.append(1) or real(*a))
+    cluster = FakeCluster("nvl72", 4)
+    templates = dedicated_racks(cluster)
+    cluster.add_priority_class("low", 1)
+    controller = Controller(cluster, FixedClock(START))
+    for t in "abcd":  # something preemptible of low priority, so preemption is planned at all
+        cluster.add(
+            "TrainingJob", t, "run", {**SPEC, "preemptible": True, "priorityClassName": "low", "template": templates[t]}
+        )
+    run(cluster, controller)
+    assert all(cluster.status("TrainingJob", t, "run")["phase"] == "Running" for t in "abcd")
+    big = {**SPEC, "ep": 18, "dp": 2, "priorityClassName": "low"}  # two racks: never fits
+    for k in range(20):
+        t = "abcd"[k % 4]
+        cluster.add("TrainingJob", t, f"big-{k}", {**big, "template": templates[t]})
+    made.clear()
+    run(cluster, controller, cycles=1)
+    assert len(made) <= 2, f"{len(made)} copies in one cycle"
+    assert not any(cluster.status("TrainingJob", t, "run").get("eviction") for t in "abcd")
+
+
+def test_a_copy_brought_to_other_flips_equals_one_made_under_them():
+    """Cycle.reflip undoes one job's avoided and tolerated nodes and applies another's on a copy."""
+    cluster = FakeCluster("nvl72", 4)
+    templates = dedicated_racks(cluster)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    cyc = controller.last_report.cycle
+    nodes = sorted(cluster.nodes)
+
+    def flags(snapshot: Any) -> dict[str, tuple[bool, bool]]:
+        return {n: (snapshot.nodes[n].cordoned, snapshot.nodes[n].tainted) for n in nodes}
+
+    with cyc.avoiding(nodes[::3]), cyc.tolerating(templates["a"]):
+        was = tuple(cyc.flipped)
+        copy = cyc.snapshot.copy()
+    with cyc.avoiding(nodes[::3]), cyc.tolerating(templates["b"]), cyc.avoiding(nodes[1::5]):
+        now = tuple(cyc.flipped)
+        wanted = flags(cyc.snapshot)
+    assert wanted != flags(copy)
+    type(cyc).reflip(copy, was, now)
+    assert flags(copy) == wanted
+    type(cyc).reflip(copy, now, ())
+    assert flags(copy) == flags(cyc.snapshot)
+
+
 # -- B: the admission timeout ---------------------------------------------------------------------
 
 

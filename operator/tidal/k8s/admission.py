@@ -469,18 +469,24 @@ def _preemption_inputs(
     cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
 ) -> tuple[list[RunningGang], ClusterSnapshot]:
     """Running gangs and the snapshot without evictions in flight, built once per cycle and again
-    only after the snapshot or the set of evictions changed (both walk every placed pod)."""
+    only after the snapshot or the set of evictions changed (both walk every placed pod). Each
+    job plans under its own avoided and tolerated nodes: the copy's flags are brought to the
+    current ones (Cycle.reflip) rather than the copy made again for every team's taints."""
     key = (
         cyc.snapshot_mutations(),
-        tuple(cyc.flipped),  # built under one job's avoided or tolerated nodes, it is not another's
         cyc.counters.get("preemptions", 0),
         cyc.counters.get("defrag_moves", 0),
         cyc.counters.get("admitted", 0),
     )
+    flips = tuple(cyc.flipped)
     cached = cyc.scratch.get("preemption")
     if cached is None or cached[0] != key:
         cached = (key, running_gangs(cyc, statuses), without_evictions_in_flight(cyc, statuses))
         cyc.scratch["preemption"] = cached
+        cyc.scratch["preemption_flips"] = flips
+    elif cyc.scratch["preemption_flips"] != flips:
+        Cycle.reflip(cached[2], cyc.scratch["preemption_flips"], flips)
+        cyc.scratch["preemption_flips"] = flips
     return cached[1], cached[2]
 
 

@@ -116,9 +116,10 @@ class Cycle:
     holds_mark: int = 0
     """Last cycle's holds as one number: a queued job is tried again when they change (one that
     gave up for a hold's nodes or quota share may fit once it is gone)."""
-    flipped: list[tuple[str, frozenset[str]]] = field(default_factory=list)
-    """The (flag, nodes) of the `avoiding`/`tolerating` blocks now open: what is derived from the
-    snapshot inside them (admission's preemption inputs) is reused only under the same ones."""
+    flipped: list[tuple[str, bool, frozenset[str]]] = field(default_factory=list)
+    """The (flag, value, nodes) of the `avoiding`/`tolerating` blocks now open, outermost first:
+    what is derived from the snapshot inside them (admission's preemption inputs) is brought to
+    another block's flags before it is reused there (`reflip`)."""
     victims_added: Counter[int] = field(default_factory=Counter)
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
@@ -273,7 +274,7 @@ class Cycle:
         for name in names:
             ClusterSnapshot.update_node(self.snapshot, name, **{flag: value})
         if names:
-            self.flipped.append((flag, frozenset(names)))
+            self.flipped.append((flag, value, frozenset(names)))
         try:
             yield
         finally:
@@ -281,6 +282,25 @@ class Cycle:
                 ClusterSnapshot.update_node(self.snapshot, name, **{flag: not value})
             if names:
                 self.flipped.pop()
+
+    @staticmethod
+    def reflip(
+        snapshot: ClusterSnapshot,
+        was: tuple[tuple[str, bool, frozenset[str]], ...],
+        now: tuple[tuple[str, bool, frozenset[str]], ...],
+    ) -> None:
+        """Bring a copy made under the flips `was` to the flips `now`, in O(nodes flipped): the
+        blocks after their common prefix are undone innermost first, then the new ones applied.
+        Exact, as each block flipped only nodes whose flag it found the other way."""
+        common = 0
+        while common < min(len(was), len(now)) and was[common] == now[common]:
+            common += 1
+        for flag, value, names in reversed(was[common:]):
+            for name in names:
+                ClusterSnapshot.update_node(snapshot, name, **{flag: not value})
+        for flag, value, names in now[common:]:
+            for name in names:
+                ClusterSnapshot.update_node(snapshot, name, **{flag: value})
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)
