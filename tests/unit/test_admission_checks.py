@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tidal.clock import FixedClock
@@ -496,6 +497,40 @@ def test_a_serving_replica_whose_pod_is_deleted_gets_it_back_and_its_own_timeout
     assert status["readyReplicas"] == 2
     assert not [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
     assert ("delete_pod", "chat-1-1") not in cluster.calls
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_a_serving_replicas_pod_that_ends_while_it_is_deleted_is_made_again_not_torn_down(phase: str):
+    """kubectl delete (or a drain) of a pod of a replica that served for an hour: its container
+    exits on SIGTERM and the kubelet writes Failed (exit 143) or Succeeded (exit 0) before the
+    object goes (restartPolicy Never). The replica keeps its nodes and healthy pods, gets the pod
+    back once it is gone and its clock starts again: no restart, no admission timeout."""
+    cluster = Stuck("nvl72", 2)
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "ml", "chat", pool)
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    cycles(cluster, controller, 3)
+    before = [r["nodes"] for r in cluster.status("InferencePool", "ml", "chat")["placement"]]
+    clock.advance(seconds=3600)
+    cycles(cluster, controller, 1)
+    pod = cluster.pods[("ml", "chat-1-0")]
+    pod["metadata"]["deletionTimestamp"] = "2026-05-01T01:00:30Z"
+    pod["status"]["phase"] = phase
+    cluster.calls.clear()
+    cycles(cluster, controller, 1)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert [r["nodes"] for r in status["placement"]] == before, "the replica was torn down"
+    assert ("delete_pod", "chat-1-1") not in cluster.calls, "its healthy pod was deleted"
+    assert not controller.last_report.cycle.counters.get("restarts")
+    assert not [c for c in status["conditions"] if c["type"] == "PodsReady" and c["status"] == "False"], "not stuck"
+    del cluster.pods[("ml", "chat-1-0")]  # the kubelet is done: the object goes
+    cycles(cluster, controller, 3)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert [r["nodes"] for r in status["placement"]] == before
+    assert status["readyReplicas"] == 2
+    assert not [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
+    assert not [c for c in status["conditions"] if c["type"] == "PodsReady" and c["status"] == "False"]
 
 
 class RefusingCreate(Stuck):
