@@ -24,7 +24,7 @@ from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.taints import closed, out_of_service, tolerations_of, untolerated
+from tidal.k8s.taints import Toleration, closed, out_of_service, tolerations_of, untolerated
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -206,6 +206,8 @@ class Cycle:
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
+    tolerated_by: dict[tuple[Toleration, ...], frozenset[str]] = field(default_factory=dict)
+    """Per-cycle memo of `tolerated`, by the tolerations."""
 
     @contextmanager
     def tolerating(self, template: dict[str, Any] | None) -> Iterator[None]:
@@ -225,14 +227,19 @@ class Cycle:
         tolerations = tolerations_of(template)
         if not tolerations:
             return frozenset()
-        nodes = self.state.nodes
-        return frozenset(
-            name
-            for name in self.state.tainted
-            if (node := nodes.get(name)) is not None
-            and (taints := closed(node.taints, node.capacity))
-            and not untolerated(taints, tolerations)
-        )
+        # Asked for every queued job and growing pool, often with the same tolerations: one scan of
+        # the tainted nodes per set per cycle (the watched nodes do not change within a cycle).
+        found = self.tolerated_by.get(tolerations)
+        if found is None:
+            nodes = self.state.nodes
+            found = self.tolerated_by[tolerations] = frozenset(
+                name
+                for name in self.state.tainted
+                if (node := nodes.get(name)) is not None
+                and (taints := closed(node.taints, node.capacity))
+                and not untolerated(taints, tolerations)
+            )
+        return found
 
     def held_from(self, uid: str | None = None, priority: int | None = None) -> set[str]:
         """Nodes reserved last cycle by other waiting jobs that `priority` may not take (all of
