@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tidal.clock import FixedClock
@@ -117,6 +118,92 @@ def test_a_group_whose_pod_a_no_execute_taint_evicted_is_not_placed_again_on_tai
     assert status["phase"] == "Running" and status["restarts"] == 1
     assert set(status["placement"][0]["nodes"]) == {*group["nodes"][1:], others[0]}
     assert evicted not in {p["spec"]["nodeName"] for p in cluster.pods_of("tidal.dev/job", "job")}
+
+
+def dedicated_racks(cluster: FakeCluster) -> dict[str, dict[str, Any]]:
+    """Rack i is team "abcd"[i]'s (dedicated=<team>:NoSchedule on every node): team -> a template
+    tolerating its own taint only."""
+    racks = sorted({n.rsplit("-", 1)[0] for n in cluster.nodes})
+    for team, supernode in zip("abcd", racks, strict=False):
+        for node in rack(cluster, supernode):
+            taint(cluster, node, Taint("dedicated", team, "NoSchedule"))
+    tolerations = {t: [{"key": "dedicated", "operator": "Equal", "value": t}] for t in "abcd"}
+    return {t: {"spec": {**TEMPLATE["spec"], "tolerations": tolerations[t]}} for t in "abcd"}
+
+
+def test_queued_jobs_of_teams_with_their_own_taints_share_one_copy_of_the_preemption_inputs(monkeypatch):
+    """20 queued jobs of 4 teams, interleaved in queue order, each tolerating its team's taint: the
+    preemption inputs (a copy of the snapshot and a walk of every placed pod) are made once, not
+    once per job (the copy is brought to each job's tolerated nodes instead)."""
+    from tidal.k8s import admission
+
+    made = []
+    real = admission.without_evictions_in_flight
+    monkeypatch.setattr(admission, "without_evictions_in_flight", lambda *a: made.append(1) or real(*a))
+    cluster = FakeCluster("nvl72", 4)
+    templates = dedicated_racks(cluster)
+    cluster.add_priority_class("low", 1)
+    controller = Controller(cluster, FixedClock(START))
+    for t in "abcd":  # something preemptible of low priority, so preemption is planned at all
+        cluster.add(
+            "TrainingJob", t, "run", {**SPEC, "preemptible": True, "priorityClassName": "low", "template": templates[t]}
+        )
+    run(cluster, controller)
+    assert all(cluster.status("TrainingJob", t, "run")["phase"] == "Running" for t in "abcd")
+    big = {**SPEC, "ep": 18, "dp": 2, "priorityClassName": "low"}  # two racks: never fits
+    for k in range(20):
+        t = "abcd"[k % 4]
+        cluster.add("TrainingJob", t, f"big-{k}", {**big, "template": templates[t]})
+    made.clear()
+    run(cluster, controller, cycles=1)
+    assert len(made) <= 2, f"{len(made)} copies in one cycle"
+    assert not any(cluster.status("TrainingJob", t, "run").get("eviction") for t in "abcd")
+
+
+def test_the_tainted_nodes_are_scanned_once_per_cycle_for_many_jobs_with_the_same_tolerations(monkeypatch):
+    """Each queued job asks for its tolerated nodes one to three times (its placement, preemption,
+    defragmentation): 2,000 tainted nodes cost 5 ms a scan. One scan per set of tolerations per cycle."""
+    from tidal.k8s import cycle
+
+    scanned = []
+    real = cycle.untolerated
+    monkeypatch.setattr(cycle, "untolerated", lambda *a: scanned.append(1) or real(*a))
+    cluster = FakeCluster("nvl72", 4)
+    templates = dedicated_racks(cluster)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    big = {**SPEC, "ep": 18, "dp": 2, "template": templates["a"]}  # two racks, team a has one
+    for k in range(10):
+        cluster.add("TrainingJob", "a", f"big-{k}", big)
+    scanned.clear()
+    run(cluster, controller, cycles=1)
+    assert all(cluster.status("TrainingJob", "a", f"big-{k}")["phase"] == "Pending" for k in range(10))
+    assert len(scanned) <= len(cluster.nodes), f"{len(scanned)} taint checks for {len(cluster.nodes)} tainted nodes"
+
+
+def test_a_copy_brought_to_other_flips_equals_one_made_under_them():
+    """Cycle.reflip undoes one job's avoided and tolerated nodes and applies another's on a copy."""
+    cluster = FakeCluster("nvl72", 4)
+    templates = dedicated_racks(cluster)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    cyc = controller.last_report.cycle
+    nodes = sorted(cluster.nodes)
+
+    def flags(snapshot: Any) -> dict[str, tuple[bool, bool]]:
+        return {n: (snapshot.nodes[n].cordoned, snapshot.nodes[n].tainted) for n in nodes}
+
+    with cyc.avoiding(nodes[::3]), cyc.tolerating(templates["a"]):
+        was = tuple(cyc.flipped)
+        copy = cyc.snapshot.copy()
+    with cyc.avoiding(nodes[::3]), cyc.tolerating(templates["b"]), cyc.avoiding(nodes[1::5]):
+        now = tuple(cyc.flipped)
+        wanted = flags(cyc.snapshot)
+    assert wanted != flags(copy)
+    type(cyc).reflip(copy, was, now)
+    assert flags(copy) == wanted
+    type(cyc).reflip(copy, now, ())
+    assert flags(copy) == flags(cyc.snapshot)
 
 
 # -- B: the admission timeout ---------------------------------------------------------------------
@@ -431,6 +518,40 @@ def test_a_serving_replica_whose_pod_is_deleted_gets_it_back_and_its_own_timeout
     assert status["readyReplicas"] == 2
     assert not [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
     assert ("delete_pod", "chat-1-1") not in cluster.calls
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_a_serving_replicas_pod_that_ends_while_it_is_deleted_is_made_again_not_torn_down(phase: str):
+    """kubectl delete (or a drain) of a pod of a replica that served for an hour: its container
+    exits on SIGTERM and the kubelet writes Failed (exit 143) or Succeeded (exit 0) before the
+    object goes (restartPolicy Never). The replica keeps its nodes and healthy pods, gets the pod
+    back once it is gone and its clock starts again: no restart, no admission timeout."""
+    cluster = Stuck("nvl72", 2)
+    pool = {"minReplicas": 2, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "ml", "chat", pool)
+    clock = FixedClock(START)
+    controller = Controller(cluster, clock, ControllerSettings(admission_timeout_seconds=600))
+    cycles(cluster, controller, 3)
+    before = [r["nodes"] for r in cluster.status("InferencePool", "ml", "chat")["placement"]]
+    clock.advance(seconds=3600)
+    cycles(cluster, controller, 1)
+    pod = cluster.pods[("ml", "chat-1-0")]
+    pod["metadata"]["deletionTimestamp"] = "2026-05-01T01:00:30Z"
+    pod["status"]["phase"] = phase
+    cluster.calls.clear()
+    cycles(cluster, controller, 1)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert [r["nodes"] for r in status["placement"]] == before, "the replica was torn down"
+    assert ("delete_pod", "chat-1-1") not in cluster.calls, "its healthy pod was deleted"
+    assert not controller.last_report.cycle.counters.get("restarts")
+    assert not [c for c in status["conditions"] if c["type"] == "PodsReady" and c["status"] == "False"], "not stuck"
+    del cluster.pods[("ml", "chat-1-0")]  # the kubelet is done: the object goes
+    cycles(cluster, controller, 3)
+    status = cluster.status("InferencePool", "ml", "chat")
+    assert [r["nodes"] for r in status["placement"]] == before
+    assert status["readyReplicas"] == 2
+    assert not [d for v, d in cluster.calls if v == "event" and d[1] == "AdmissionTimeout"]
+    assert not [c for c in status["conditions"] if c["type"] == "PodsReady" and c["status"] == "False"]
 
 
 class RefusingCreate(Stuck):

@@ -3,13 +3,16 @@ reserved, moved jobs are re-admitted elsewhere, moves count against the disrupti
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 
 from prometheus_client import generate_latest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.rebalancing import RebalanceSettings
+from tidal.k8s.taints import Taint
 from tidal.metrics import Metrics
 
 from .fake_cluster import FakeCluster
@@ -25,8 +28,11 @@ def spec(tp: int, ep: int, dp: int = 1, priority: int | None = None, **extra) ->
     return {"tp": tp, "ep": ep, "pp": 1, "dp": dp, "gpusPerPod": 4, "template": TEMPLATE, **extra}
 
 
-def scattered(settings: ControllerSettings | None = None) -> tuple[FakeCluster, Controller, FixedClock]:
-    """One preemptible 16-GPU job on every rack (56 free each): 224 free GPUs, no rack whole."""
+def scattered(
+    settings: ControllerSettings | None = None, templates: Sequence[dict] | None = None
+) -> tuple[FakeCluster, Controller, FixedClock]:
+    """One preemptible 16-GPU job on every rack (56 free each): 224 free GPUs, no rack whole.
+    `templates`: small-i's pod template (default TEMPLATE)."""
     cluster = FakeCluster("nvl72", RACKS)
     for value in (0, 1):
         cluster.add_priority_class(f"prio-{value}", value)
@@ -35,7 +41,8 @@ def scattered(settings: ControllerSettings | None = None) -> tuple[FakeCluster, 
     cluster.add("TrainingJob", "ml", "filler", spec(4, 14, dp=RACKS))  # 56 GPUs on every rack
     run(cluster, controller)
     for i in range(RACKS):
-        cluster.add("TrainingJob", "ml", f"small-{i}", spec(4, 4, priority=1, preemptible=True))
+        template = templates[i] if templates else TEMPLATE
+        cluster.add("TrainingJob", "ml", f"small-{i}", spec(4, 4, priority=1, preemptible=True, template=template))
     run(cluster, controller)
     del cluster.objects[("TrainingJob", "ml", "filler")]
     for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get("tidal.dev/job") == "filler"]:
@@ -135,3 +142,45 @@ def test_restarted_operator_keeps_waiting_and_plans_no_second_move():
     moving = [i for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
     assert len(moving) == 1
     assert _reason(cluster, "whole-rack")[0] == "WaitingForDefragmentation"
+
+
+TOLERANT = {"spec": {**TEMPLATE["spec"], "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}
+
+
+def dedicate_every_rack(cluster: FakeCluster) -> None:
+    """An admin's NoSchedule taint on every node: running pods stay, new ones must tolerate it."""
+    for name in list(cluster.nodes):
+        cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], taints=(Taint("dedicated", "a", "NoSchedule"),))
+
+
+def test_a_move_is_verified_under_the_movers_tolerations_not_the_preemptors():
+    """The blocked gang tolerates the taint on every rack, the small jobs do not: once moved, none
+    could be placed again anywhere, so none is moved (it was: 'it fits again' on a rack it does
+    not tolerate, then Pending for good)."""
+    cluster, controller, _ = scattered()
+    dedicate_every_rack(cluster)
+    run(cluster, controller)
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1, template=TOLERANT))
+    run(cluster, controller, cycles=2)
+    assert not any(cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction") for i in range(RACKS))
+    assert _reason(cluster, "whole-rack")[0] == "InsufficientFreeCapacity"
+
+
+def test_a_mover_that_tolerates_the_taint_is_moved_and_placed_again():
+    """Only small-3 tolerates the taint: it is the one moved, and both it and the gang run after."""
+    cluster, controller, _ = scattered(templates=[TEMPLATE] * (RACKS - 1) + [TOLERANT])
+    dedicate_every_rack(cluster)
+    run(cluster, controller)
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1, template=TOLERANT))
+    run(cluster, controller, cycles=2)
+    moving = [f"small-{i}" for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
+    assert moving == [f"small-{RACKS - 1}"], moving
+    old_rack = _racks_of(cluster, moving[0])
+    eviction = cluster.status("TrainingJob", "ml", moving[0])["eviction"]
+    cluster.annotate("TrainingJob", "ml", moving[0], {"tidal.dev/checkpoint-done": eviction["requestedAt"]})
+    run(cluster, controller, cycles=4)
+    big = cluster.status("TrainingJob", "ml", "whole-rack")
+    assert big["phase"] == "Running" and {g["supernode"] for g in big["placement"]} == old_rack
+    moved = cluster.status("TrainingJob", "ml", moving[0])
+    assert moved["phase"] == "Running" and _racks_of(cluster, moving[0]).isdisjoint(old_rack), moved
+    check_sound(cluster)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+import pytest
+
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.taints import Taint
@@ -336,3 +338,147 @@ def test_a_job_preempts_on_tainted_nodes_it_tolerates():
     cluster.add("TrainingJob", "a", "high", rack_job(priorityClassName="high", template=tolerant))
     run(cluster, controller, cycles=2)
     assert cluster.status("TrainingJob", "a", "low").get("eviction"), "the tolerating job never preempts"
+
+
+def waiting_for_a_rack(cluster: FakeCluster, controller: Controller) -> None:
+    """Namespace a (quota 64 GPUs) has its 64-GPU job `big` (high) wait for b's preempted rack job
+    (low, 300 s to checkpoint) on the one rack: big holds its nodes and its whole quota share."""
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    ckpt = {"gracePeriodSeconds": 300}
+    cluster.add("TrainingJob", "b", "victim", rack_job(preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for big"
+
+
+def schedulable(cluster: FakeCluster, kind: str, namespace: str, name: str) -> str:
+    status = cluster.get(kind, namespace, name).status
+    return {c["type"]: c for c in status.get("conditions", [])}["Schedulable"]["reason"]
+
+
+def test_a_lower_pool_of_its_namespace_does_not_take_a_waiting_jobs_quota_share_next_cycle():
+    """Pools are grown before admission plans big again: the quota share big booked last cycle
+    must still be its own then, or the pool takes 8 of the 64 GPUs, big is refused by the quota
+    and its victim was evicted for nothing."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    waiting_for_a_rack(cluster, controller)
+    pool = {"minReplicas": 1, "maxReplicas": 1, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "a", "p", {**pool, "priorityClassName": "low"})
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert cluster.get("InferencePool", "a", "p").status["placedReplicas"] == 0
+    assert schedulable(cluster, "InferencePool", "a", "p") == "QuotaExceeded"
+
+
+def test_a_higher_pool_of_its_namespace_is_not_held_back_by_a_lower_waiting_jobs_quota_share():
+    """A hold keeps quota only from workloads that do not outrank the holder, as it keeps nodes."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    waiting_for_a_rack(cluster, controller)
+    cluster.add_priority_class("serving", 1000)
+    pool = {"minReplicas": 1, "maxReplicas": 1, "tp": 8, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "a", "p", {**pool, "priorityClassName": "serving"})
+    run(cluster, controller, cycles=1)
+    assert cluster.get("InferencePool", "a", "p").status["placedReplicas"] == 1
+
+
+def test_a_job_refused_for_a_holds_quota_share_is_tried_again_once_the_holder_is_gone():
+    """A small job of namespace a is refused while big holds the whole quota; big is deleted
+    while nothing else changes (the victim still checkpoints): the small job is admitted."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    waiting_for_a_rack(cluster, controller)
+    cluster.add("TrainingJob", "a", "small", small_job(priorityClassName="low"))  # 8 GPUs, 8 free
+    run(cluster, controller, cycles=2)
+    assert schedulable(cluster, "TrainingJob", "a", "small") == "QuotaExceeded"
+    del cluster.objects[("TrainingJob", "a", "big")]
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "a", "small")["phase"] in ("Admitted", "Running")
+    check_sound(cluster)
+
+
+def rack_with_room_for_four_nodes(cluster: FakeCluster, controller: Controller) -> None:
+    """b's preemptible low job on 14 of the rack's 18 nodes (checkpoint 300 s), 4 nodes free."""
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_priority_class("serving", 1000)
+    ckpt = {"gracePeriodSeconds": 300}
+    victim = {"tp": 4, "ep": 14, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add(
+        "TrainingJob", "b", "victim", {**victim, "preemptible": True, "priorityClassName": "low", "checkpoint": ckpt}
+    )
+    run(cluster, controller)
+
+
+def pool_spec(tp: int, replicas: int, priority: str) -> dict:
+    return {
+        "minReplicas": replicas,
+        "maxReplicas": max(replicas, 1),
+        "tp": tp,
+        "gpusPerPod": 4,
+        "template": TEMPLATE,
+        "priorityClassName": priority,
+    }
+
+
+def held_nodes(controller: Controller) -> set[str]:
+    return {n for hold in controller.holds.values() for n in hold.nodes}
+
+
+def placed_on(cluster: FakeCluster, namespace: str, pool: str) -> set[str]:
+    return {n for r in cluster.get("InferencePool", namespace, pool).status.get("placement", []) for n in r["nodes"]}
+
+
+def test_a_pools_hold_lasts_into_the_next_cycle_for_an_equal_pool_planned_before_it():
+    """Pool p2 waits for the victim on 16 nodes (2 of them free); next cycle p1, of equal priority
+    but older (so grown first), asks for 4 nodes: it must not take p2's 2 free held nodes (then p2
+    would never fit and the victim was evicted for nothing)."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("InferencePool", "c", "p1", pool_spec(16, 0, "serving"))
+    cluster.add("InferencePool", "c", "p2", pool_spec(64, 1, "serving"))
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "b", "victim").get("eviction"), "the victim is leaving for p2"
+    held = held_nodes(controller)
+    assert len(held) == 16
+    p1 = cluster.get("InferencePool", "c", "p1")
+    cluster.objects[("InferencePool", "c", "p1")] = dataclasses.replace(p1, spec=pool_spec(16, 1, "serving"))
+    run(cluster, controller, cycles=1)
+    assert "desiredReplicas" in cluster.get("InferencePool", "c", "p1").status, "p1 was reconciled"
+    assert not placed_on(cluster, "c", "p1") & held, "p1 took nodes held for p2"
+
+
+@pytest.mark.parametrize(("priority", "placed"), [("serving", 1), ("low", 0)])
+def test_a_pool_takes_a_waiting_jobs_held_nodes_only_if_it_outranks_the_job(priority: str, placed: int):
+    """big (high) waits for the victim on 16 nodes, 2 of them free; 2 more are free. A pool of 4
+    nodes may use big's free held nodes next cycle only if it outranks big."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    cluster.add("InferencePool", "c", "p", pool_spec(16, 1, priority))
+    run(cluster, controller, cycles=1)
+    assert cluster.get("InferencePool", "c", "p").status["placedReplicas"] == placed
+
+
+def test_nodes_a_deleted_holder_held_are_free_to_lower_jobs_in_the_same_cycle():
+    """big is deleted while it waits: its hold is dropped when admission starts, not at the end of
+    the cycle, so a lower job queued after it may use the free nodes big held at once."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    del cluster.objects[("TrainingJob", "a", "big")]
+    cluster.add("TrainingJob", "c", "four-nodes", rack_job(ep=4, priorityClassName="low"))  # 16 GPUs
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "c", "four-nodes")["phase"] == "Admitted"
+    check_sound(cluster)

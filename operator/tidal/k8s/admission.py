@@ -130,11 +130,15 @@ def admit_queued(
 ) -> None:
     """`defrag_budget`: what defragmentation moves may still take; None turns defragmentation off."""
     queue = sorted((item for item in statuses.values() if is_queued(*item)), key=lambda item: queue_order(cyc, item))
+    queued = {view.uid for view, _ in queue}
+    for uid in [u for u in cyc.held_before if u not in queued]:
+        cyc.release_hold(uid)  # deleted, suspended, or a pool (planned again already): it waits no more
     for view, status in queue:
         mark = retry_mark(cyc, view, status)
         if cyc.pending_memo.get(view.uid) == mark:
             cyc.count("queue_skipped")  # nothing that could change its answer has moved
             continue
+        cyc.release_hold(view.uid)
         with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
             new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
         statuses[view.uid] = (view, new_status)
@@ -163,6 +167,7 @@ def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:
         cyc.evictions_started,
         cyc.priorities.version,  # a PriorityClass made or changed: its priority (or existence) moved
         cyc.quotas.version,  # a ResourceQuota made or changed
+        cyc.holds_mark,  # a hold (its nodes, its quota share) came or went
     )
 
 
@@ -381,7 +386,7 @@ def _defragment(
         return None  # short of GPUs, not of their arrangement
     if any((s.get("eviction") or {}).get("reason") == DEFRAGMENTED for _, s in statuses.values()):
         return None
-    movers = _movable(cyc, statuses, gangs, request)
+    movers = _movable(cyc, statuses, gangs, request, view.spec.get("template"))
     if not movers:
         return None
     budget = defrag_budget()
@@ -429,11 +434,16 @@ def _movable(
     statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
     gangs: list[RunningGang],
     request: GangRequest,
+    template: dict[str, Any] | None,
 ) -> list[MovableGang]:
     """Running gangs that may move for `request` (preemptible, priority <= its), with their shapes;
-    not one moved by defragmentation within DEFRAG_COOLDOWN."""
+    not one moved by defragmentation within DEFRAG_COOLDOWN. The request's pods (`template`) may
+    tolerate taints a mover's do not: each mover is re-placed only where its own pods may go, or a
+    move could leave it with nowhere to return to."""
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
     recent = cyc.now - DEFRAG_COOLDOWN
+    mine = cyc.tolerated(template)
+    differences: dict[frozenset[str], tuple[frozenset[str], frozenset[str]]] = {}
     out = []
     for gang in gangs:
         if not gang.preemptible or gang.priority > request.priority or gang.name not in by_uid:
@@ -447,7 +457,11 @@ def _movable(
         ):
             continue
         again = job_request(cyc, view, shape_of(view, status), name=gang.name)
-        out.append(MovableGang(gang, again))
+        theirs = cyc.tolerated(view.spec.get("template"))
+        if theirs not in differences:
+            differences[theirs] = (mine - theirs, theirs - mine)
+        tainted, untainted = differences[theirs]
+        out.append(MovableGang(gang, again, tainted=tainted, untainted=untainted))
     return out
 
 
@@ -455,29 +469,34 @@ def _preemption_inputs(
     cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
 ) -> tuple[list[RunningGang], ClusterSnapshot]:
     """Running gangs and the snapshot without evictions in flight, built once per cycle and again
-    only after the snapshot or the set of evictions changed (both walk every placed pod)."""
+    only after the snapshot or the set of evictions changed (both walk every placed pod). Each
+    job plans under its own avoided and tolerated nodes: the copy's flags are brought to the
+    current ones (Cycle.reflip) rather than the copy made again for every team's taints."""
     key = (
         cyc.snapshot_mutations(),
-        tuple(cyc.flipped),  # built under one job's avoided or tolerated nodes, it is not another's
         cyc.counters.get("preemptions", 0),
         cyc.counters.get("defrag_moves", 0),
         cyc.counters.get("admitted", 0),
     )
+    flips = tuple(cyc.flipped)
     cached = cyc.scratch.get("preemption")
     if cached is None or cached[0] != key:
         cached = (key, running_gangs(cyc, statuses), without_evictions_in_flight(cyc, statuses))
         cyc.scratch["preemption"] = cached
+        cyc.scratch["preemption_flips"] = flips
+    elif cyc.scratch["preemption_flips"] != flips:
+        Cycle.reflip(cached[2], cyc.scratch["preemption_flips"], flips)
+        cyc.scratch["preemption_flips"] = flips
     return cached[1], cached[2]
 
 
 def _reserve(cyc: Cycle, view: ResourceView, plan: PlacementPlan) -> None:
     """Hold a waiting job's planned nodes and its share of the namespace's quota: while others
     leave for it, no other job takes those GPUs, nor (of its namespace) the quota it will need,
-    which would refuse it once the evictions it caused are done. The nodes are kept for it in the
-    next cycle too, before admission plans it again (`Cycle.held_before`)."""
+    which would refuse it once the evictions it caused are done. Both are kept for it in the next
+    cycle too, until admission plans it again (`Cycle.held_before`)."""
     reserve_nodes(cyc.snapshot, plan)
-    cyc.quotas.book(view, sum(plan.gpus_by_node().values()))
-    cyc.holds[view.uid] = (cyc.priorities.of(view), frozenset(plan.gpus_by_node()))
+    cyc.hold(view, plan.gpus_by_node())
 
 
 def reserve_nodes(snapshot: ClusterSnapshot, plan: PlacementPlan) -> None:

@@ -19,7 +19,7 @@ from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
-from tidal.k8s.cycle import Cycle, log
+from tidal.k8s.cycle import Cycle, Hold, log
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
@@ -104,7 +104,7 @@ class Controller:
         self._supernodes_seen: dict[str, tuple[ResourceView, Any]] = {}
         self._overbooked: dict[str, int] = {}
         self.pending_memo: dict[str, tuple] = {}
-        self.holds: dict[str, tuple[int, frozenset[str]]] = {}
+        self.holds: dict[str, Hold] = {}
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
         self.applied_services: dict[tuple[str, str], dict[str, Any]] = {}
@@ -262,7 +262,8 @@ class Controller:
             self.clock.now(),
             deleted_uids=self.deleted_uids,
             pending_memo=self.pending_memo,
-            held_before=self.holds,
+            held_before=dict(self.holds),
+            holds_mark=hash(frozenset(self.holds.items())),
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
             domain_supernodes=self.domain_supernodes(members),
@@ -304,6 +305,7 @@ class Controller:
             cyc.write_status(view, new)
 
         cyc.quotas = self._quotas(statuses, pools)
+        cyc.quotas.carry(cyc.held_before, cyc.priorities.of)
         self.loads.forget(set(pools))
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
         rebalance = self.settings.rebalance

@@ -24,7 +24,7 @@ from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.taints import closed, out_of_service, tolerations_of, untolerated
+from tidal.k8s.taints import Toleration, closed, out_of_service, tolerations_of, untolerated
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -75,6 +75,19 @@ class ActionPlan:
         )
 
 
+@dataclass(frozen=True)
+class Hold:
+    """What a workload waiting for its victims (or moves) reserved in one cycle: in the next cycle
+    its nodes and its quota share are kept from every workload it does not rank below, until it is
+    planned again (when it re-holds, is admitted, or gives up)."""
+
+    priority: int
+    nodes: frozenset[str]
+    namespace: str = ""
+    accelerator: str = "nvidia.com/gpu"
+    gpus: int = 0
+
+
 @dataclass
 class Cycle:
     state: Any
@@ -95,14 +108,18 @@ class Cycle:
     """Things that happened this cycle: admitted, preemptions, restarts, evictions:<reason>:<how>..."""
     pending_memo: dict[str, tuple] = field(default_factory=dict)
     """Queued job uid -> what the cluster looked like when it last failed to fit (kept across cycles)."""
-    held_before: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
-    """Nodes reserved last cycle by jobs waiting for their victims (uid -> (priority, nodes)): kept
-    from everyone else until each holder has been planned again in this cycle's admission."""
-    holds: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
+    held_before: dict[str, Hold] = field(default_factory=dict)
+    """Last cycle's holds (holder uid -> Hold), each dropped when its holder is planned again
+    (`release_hold`); its quota share is carried into `quotas` (Quotas.carry)."""
+    holds: dict[str, Hold] = field(default_factory=dict)
     """This cycle's reservations, for the next cycle's `held_before`."""
-    flipped: list[tuple[str, frozenset[str]]] = field(default_factory=list)
-    """The (flag, nodes) of the `avoiding`/`tolerating` blocks now open: what is derived from the
-    snapshot inside them (admission's preemption inputs) is reused only under the same ones."""
+    holds_mark: int = 0
+    """Last cycle's holds as one number: a queued job is tried again when they change (one that
+    gave up for a hold's nodes or quota share may fit once it is gone)."""
+    flipped: list[tuple[str, bool, frozenset[str]]] = field(default_factory=list)
+    """The (flag, value, nodes) of the `avoiding`/`tolerating` blocks now open, outermost first:
+    what is derived from the snapshot inside them (admission's preemption inputs) is brought to
+    another block's flags before it is reused there (`reflip`)."""
     victims_added: Counter[int] = field(default_factory=Counter)
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
@@ -189,6 +206,8 @@ class Cycle:
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
+    tolerated_by: dict[tuple[Toleration, ...], frozenset[str]] = field(default_factory=dict)
+    """Per-cycle memo of `tolerated`, by the tolerations."""
 
     @contextmanager
     def tolerating(self, template: dict[str, Any] | None) -> Iterator[None]:
@@ -197,28 +216,55 @@ class Cycle:
         The snapshot marks every NoSchedule/NoExecute-tainted node unusable (the pure core knows
         no tolerations); a workload that tolerates some gets them back for its own planning only,
         and they are marked again after, with whatever it booked there kept."""
-        tolerations = tolerations_of(template)
-        lifted: list[str] = []
-        if tolerations:
-            nodes, snapshot = self.state.nodes, self.snapshot
-            for name in self.state.tainted:
-                state, node = snapshot.nodes.get(name), nodes.get(name)
-                if state is None or node is None or not state.tainted:
-                    continue
-                if not untolerated(closed(node.taints, node.capacity), tolerations):
-                    lifted.append(name)
+        snapshot = self.snapshot
+        lifted = [n for n in self.tolerated(template) if (s := snapshot.nodes.get(n)) is not None and s.tainted]
         with self._flipped(lifted, "tainted", False):
             yield
+
+    def tolerated(self, template: dict[str, Any] | None) -> frozenset[str]:
+        """The nodes kept from tidal's pods by taints (closed ones) that this pod template tolerates
+        every one of: where it may go that others may not."""
+        tolerations = tolerations_of(template)
+        if not tolerations:
+            return frozenset()
+        # Asked for every queued job and growing pool, often with the same tolerations: one scan of
+        # the tainted nodes per set per cycle (the watched nodes do not change within a cycle).
+        found = self.tolerated_by.get(tolerations)
+        if found is None:
+            nodes = self.state.nodes
+            found = self.tolerated_by[tolerations] = frozenset(
+                name
+                for name in self.state.tainted
+                if (node := nodes.get(name)) is not None
+                and (taints := closed(node.taints, node.capacity))
+                and not untolerated(taints, tolerations)
+            )
+        return found
 
     def held_from(self, uid: str | None = None, priority: int | None = None) -> set[str]:
         """Nodes reserved last cycle by other waiting jobs that `priority` may not take (all of
         them when None): a holder of equal or higher priority keeps its nodes."""
         return {
             node
-            for holder, (held_priority, nodes) in self.held_before.items()
-            if holder != uid and (priority is None or held_priority >= priority)
-            for node in nodes
+            for holder, hold in self.held_before.items()
+            if holder != uid and (priority is None or hold.priority >= priority)
+            for node in hold.nodes
         }
+
+    def hold(self, view: ResourceView, gpus_by_node: dict[str, int]) -> None:
+        """Keep a waiting workload's planned nodes (already reserved in the snapshot by the caller)
+        and its quota share: this cycle by booking, the next one through `held_before`."""
+        gpus = sum(gpus_by_node.values())
+        self.quotas.book(view, gpus)
+        accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
+        priority = self.priorities.of(view)
+        self.holds[view.uid] = Hold(priority, frozenset(gpus_by_node), view.namespace or "", accelerator, gpus)
+
+    def release_hold(self, uid: str) -> None:
+        """The holder is being planned again (or is no longer waiting): what it held last cycle is
+        everyone's again; a new hold of its own is reserved and booked afresh."""
+        if self.held_before.pop(uid, None) is not None:
+            self.quotas.release_hold(uid)
 
     @contextmanager
     def avoiding(self, nodes: Iterable[str]) -> Iterator[None]:
@@ -235,7 +281,7 @@ class Cycle:
         for name in names:
             ClusterSnapshot.update_node(self.snapshot, name, **{flag: value})
         if names:
-            self.flipped.append((flag, frozenset(names)))
+            self.flipped.append((flag, value, frozenset(names)))
         try:
             yield
         finally:
@@ -243,6 +289,25 @@ class Cycle:
                 ClusterSnapshot.update_node(self.snapshot, name, **{flag: not value})
             if names:
                 self.flipped.pop()
+
+    @staticmethod
+    def reflip(
+        snapshot: ClusterSnapshot,
+        was: tuple[tuple[str, bool, frozenset[str]], ...],
+        now: tuple[tuple[str, bool, frozenset[str]], ...],
+    ) -> None:
+        """Bring a copy made under the flips `was` to the flips `now`, in O(nodes flipped): the
+        blocks after their common prefix are undone innermost first, then the new ones applied.
+        Exact, as each block flipped only nodes whose flag it found the other way."""
+        common = 0
+        while common < min(len(was), len(now)) and was[common] == now[common]:
+            common += 1
+        for flag, value, names in reversed(was[common:]):
+            for name in names:
+                ClusterSnapshot.update_node(snapshot, name, **{flag: not value})
+        for flag, value, names in now[common:]:
+            for name in names:
+                ClusterSnapshot.update_node(snapshot, name, **{flag: value})
 
     def snapshot_mutations(self) -> int:
         return getattr(self.snapshot, "mutations", -1)

@@ -354,7 +354,10 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
             pod = pods.get(replica_pod_name(view.name, r["group"], i))
             if nv is None or not nv.ready:
                 return True
-            if pod is not None and pod.phase == "Failed" and pod.uid not in cyc.deleted_uids:
+            # A deleted pod (kubectl, a drain) is Failed while it terminates once its container
+            # exits on SIGTERM (restartPolicy Never): it is going, not broken; it is made again
+            # once gone, as any deleted pod of a replica is.
+            if pod is not None and pod.phase == "Failed" and not pod.terminating and pod.uid not in cyc.deleted_uids:
                 return True
         return False
 
@@ -407,10 +410,10 @@ def _admission_timeout(
             kept.append(r if r.get("servedAt") else {**r, "servedAt": cyc.stamp})
             continue
         names = [replica_pod_name(view.name, r["group"], i) for i in range(len(r["nodes"]))]
-        if r.get("servedAt") and any(n not in pods for n in names):
+        if r.get("servedAt") and any(n not in pods or pods[n].terminating for n in names):
             # A pod of a replica that served was deleted (kubectl, a drain, the descheduler) and is
-            # made again this cycle: the clock starts again with it, once; a pod never made at
-            # all (refused by a quota or a webhook) times out like any other.
+            # made again once it is gone: the clock starts again with it, once; a pod never made
+            # at all (refused by a quota or a webhook) times out like any other.
             kept.append({**{k: v for k, v in r.items() if k != "servedAt"}, "placedAt": cyc.stamp})
             continue
         reasons, movable = stuck_replica(cyc, view, r, pods, names, r.get("placedAt") or status.get("scaledAt"))

@@ -15,11 +15,14 @@ API server last counted (status.used, which includes pods still terminating).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidal.k8s.state import ResourceView, _quantity
+
+if TYPE_CHECKING:
+    from tidal.k8s.cycle import Hold
 
 QUOTA_EXCEEDED = "QuotaExceeded"
 REQUESTS = "requests."
@@ -92,6 +95,12 @@ class Quotas:
     quota's own status.used (which may count terminating pods), so two admissions in one cycle
     never both fit into the same room."""
     version: int = 0
+    held: dict[str, tuple[int, tuple[str, str], int]] = field(default_factory=dict)
+    """Holder uid -> (priority, (namespace, requests.<accelerator>), GPUs): last cycle's quota
+    shares of workloads waiting for their victims, counted for every workload whose priority is
+    not above the holder's until the holder is planned again (`release_hold`). The share has no
+    placement yet, so the ledger rebuilt from placements does not count it."""
+    priority_of: Callable[[ResourceView], int] = lambda view: 0
 
     @classmethod
     def build(
@@ -111,6 +120,18 @@ class Quotas:
                 used[(namespace, REQUESTS + accelerator)] += gpus
         return cls(by_ns, used, version=version)
 
+    def carry(self, holds: Mapping[str, Hold], priority_of: Callable[[ResourceView], int]) -> None:
+        """Count last cycle's holds (`Cycle.held_before`) in quota-limited namespaces."""
+        self.priority_of = priority_of
+        self.held = {
+            uid: (h.priority, (h.namespace, REQUESTS + h.accelerator), h.gpus)
+            for uid, h in holds.items()
+            if h.gpus and self.limited(h.namespace)
+        }
+
+    def release_hold(self, uid: str) -> None:
+        self.held.pop(uid, None)
+
     def limited(self, namespace: str | None) -> bool:
         return bool(self.quotas.get(namespace or ""))
 
@@ -121,7 +142,7 @@ class Quotas:
         for q in self.quotas.get(namespace, ()):
             if key not in q.hard or not applies(q, view.spec.get("priorityClassName")):
                 continue
-            used = self._in_use(namespace, key, q)
+            used = self._in_use(namespace, key, q, view)
             if used + gpus > q.hard[key]:
                 return (
                     f"ResourceQuota {namespace}/{q.name}: {key} {used} of {q.hard[key]} in use, "
@@ -136,12 +157,24 @@ class Quotas:
         left = None
         for q in self.quotas.get(namespace, ()):
             if key in q.hard and applies(q, view.spec.get("priorityClassName")):
-                free = max(q.hard[key] - self._in_use(namespace, key, q), 0)
+                free = max(q.hard[key] - self._in_use(namespace, key, q, view), 0)
                 left = free if left is None else min(left, free)
         return left
 
-    def _in_use(self, namespace: str, key: str, q: QuotaView) -> int:
-        return max(self.used[(namespace, key)], q.used.get(key, 0)) + self.booked[(namespace, key)]
+    def _in_use(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> int:
+        return (
+            max(self.used[(namespace, key)], q.used.get(key, 0))
+            + self.booked[(namespace, key)]
+            + self._held_for(namespace, key, view)
+        )
+
+    def _held_for(self, namespace: str, key: str, view: ResourceView) -> int:
+        """Carried holds of others `view` does not outrank (a holder keeps its share from equals too)."""
+        shares = [(p, g) for uid, (p, k, g) in self.held.items() if k == (namespace, key) and uid != view.uid]
+        if not shares:
+            return 0
+        priority = self.priority_of(view)
+        return sum(g for p, g in shares if p >= priority)
 
     def book(self, view: ResourceView, gpus: int) -> None:
         if self.limited(view.namespace):

@@ -89,6 +89,7 @@ def rebalance_pools(
     tracker.forget({view.uid for view, _ in pools.values()})
     order = sorted(pools.values(), key=lambda item: (-cyc.priorities.of(item[0]), item[0].created))
     for view, status in order:
+        cyc.release_hold(view.uid)  # planned again now: it re-holds below if it still waits
         if view.deleting:
             continue
         problem = spec_problem(view) or cyc.priorities.problem(view)
@@ -216,8 +217,7 @@ def _grow(
         reserve_nodes(cyc.snapshot, plan.placement)
         # Its quota share too: a job of its namespace admitted meanwhile would leave the evictions
         # it caused for nothing (the replicas would then be refused by the quota).
-        cyc.quotas.book(view, sum(plan.placement.gpus_by_node().values()))
-        cyc.holds[view.uid] = (cyc.priorities.of(view), frozenset(plan.placement.gpus_by_node()))
+        cyc.hold(view, plan.placement.gpus_by_node())
     in_flight = [
         v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == f"InferencePool {view.ref}"
     ]

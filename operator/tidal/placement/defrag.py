@@ -13,6 +13,8 @@ DP replicas, never below minDP) that is then placed again elsewhere. The rule fo
   re-placed on what is left after the request is placed (each moved gang, or its given-back
   replicas, through `plan_gang`, one after the other, on the snapshot with the request booked).
   A set of moves whose work would not all fit again is never proposed: a move is not a loss.
+  Each gang is re-placed on the nodes *its* pods may use (`MovableGang.tainted`/`untainted`),
+  not the request's: a request may go on tainted nodes it tolerates that the gang does not.
 - the GPUs moved stay within `budget_gpus` (None: no limit).
 
 Objective, lexicographic: fewest moves (gangs touched), then fewest GPUs moved.
@@ -36,7 +38,8 @@ restores every node's allocation exactly before it returns.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from tidal.placement.gang import plan_gang
@@ -64,6 +67,11 @@ class MovableGang:
 
     gang: RunningGang
     request: GangRequest
+    tainted: frozenset[str] = frozenset()
+    """Nodes open to the request that this gang's pods may not use (taints only the request
+    tolerates): its re-placement is verified without them."""
+    untainted: frozenset[str] = frozenset()
+    """Tainted nodes, closed to the request, that this gang's pods tolerate: its re-placement may use them."""
 
     @property
     def groups_per_replica(self) -> int:
@@ -132,6 +140,20 @@ def plan_defrag(
     if not gangs:
         return None
     return _Planner(snapshot, request, gangs, budget_gpus, miss.groups_fitting_now).solve()
+
+
+@contextmanager
+def _taints_for(snap: ClusterSnapshot, m: MovableGang) -> Iterator[None]:
+    """The snapshot's taint flags as `m`'s pods see them, for the block (allocations kept)."""
+    flips = [(n, True) for n in m.tainted if n in snap.nodes and not snap.nodes[n].tainted]
+    flips += [(n, False) for n in m.untainted if n in snap.nodes and snap.nodes[n].tainted]
+    for name, value in flips:
+        snap.update_node(name, tainted=value)
+    try:
+        yield
+    finally:
+        for name, value in flips:
+            snap.update_node(name, tainted=not value)
 
 
 class _Planner:
@@ -251,10 +273,11 @@ class _Planner:
             book(placement)
             moves = []
             for o in sorted(options, key=lambda o: (-o.gpus, self.gangs[o.gang].gang.name)):
-                again = plan_gang(snap, self._replacement(o))
-                if not isinstance(again, PlacementPlan):
-                    return None
-                book(again)
+                with _taints_for(snap, self.gangs[o.gang]):
+                    again = plan_gang(snap, self._replacement(o))
+                    if not isinstance(again, PlacementPlan):
+                        return None
+                    book(again)  # while its own nodes are open: a tainted node offers nothing
                 moves.append(Move(self._eviction(o), again))
             moves.sort(key=lambda mv: mv.eviction.gang)
             return DefragPlan(tuple(moves), placement)
