@@ -10,7 +10,7 @@ from tidal.k8s.compact import from_wire
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
 from .proxied import assert_no_gpu_overbooked, operator_behind_proxy
-from .test_operator import assert_gangs_sound, job, node_supernodes, pods_of, status, submit, wait_phase
+from .test_operator import assert_gangs_sound, job, node_supernodes, pods_of, status, submit
 from .test_tenancy import foreign_pod
 
 HOLD_SECONDS = 10
@@ -50,7 +50,12 @@ def test_a_foreign_pod_on_a_planned_node_has_the_group_placed_again(
         ours = kube.get("pod", f"raced-{planned_index(planned, target)}", "-n", namespace)
         assert ours["spec"].get("schedulingGates"), "the foreign pod came after the gates lifted: no race"
 
-        st = wait_phase(kube, namespace, "raced", "Running", timeout=150)
+        def running() -> dict:
+            st = status(kube, namespace, "raced")
+            assert st.get("phase") == "Running", f"{st.get('phase')}: {st.get('reason')}"
+            return st
+
+        st = eventually(running, timeout=150, what="raced Running")
         placed = {g["group"]: g for g in from_wire(st)["placement"]}
         assert placed[0]["nodes"] == planned[0]["nodes"], "the group nobody displaced was moved"
         assert target not in placed[1]["nodes"], f"group 1 still planned on {target}: {placed[1]}"
