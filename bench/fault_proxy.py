@@ -16,6 +16,12 @@ fault instead of (or around) the real answer:
 - 500 before the write, and for writes also 500 *after* it was committed: the client must not
   trust its own view of whether a write happened.
 
+`PathRule`s single out requests by method and path, for deterministic tests: one call that always
+hangs, one kind of write always throttled, a request held for a while and then forwarded (delay),
+or only the first `first` arrivals of each distinct request (same method, path and body, which is
+what a client retrying one call sends) faulted, the arrival times of each kept in `arrivals`; a
+"record" rule only keeps the arrival times of what it matches, and injects nothing.
+
 Watches are streamed chunk by chunk (never buffered) and never get a synthetic status; instead a
 watch is cut mid-stream at the same rate, as when an apiserver restarts or a load balancer drops it.
 Everything injected is counted in `injected`. Only loopback addresses are used on either side.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import http.client
 import json
 import random
@@ -33,8 +40,9 @@ import ssl
 import sys
 import tempfile
 import threading
+import time
 import urllib.parse
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,13 +60,19 @@ HOP_BY_HOP = frozenset(
 @dataclass(frozen=True)
 class PathRule:
     """A fault for every request of `method` whose path contains `path_part` (at `rate`): one
-    call that always hangs, or one kind of write that is always throttled."""
+    call that always hangs, one kind of write that is always throttled, or one held a while.
+
+    With `first` > 0 the rate is ignored: the first `first` arrivals of each distinct request
+    (method, path, body) get the fault, later ones pass, so every retry of every call can be timed."""
 
     method: str
     path_part: str
-    fault: str  # "hang" or "throttle_429"
+    fault: str  # "hang", "throttle_429", "delay" (held hang_seconds, then forwarded) or "record" (timed only)
     rate: float = 1.0
     hang_seconds: float = 600.0
+    first: int = 0
+    retry_after: str | None = "1"
+    """Retry-After of a throttle_429 (None: none sent, the client's own backoff alone decides)."""
 
 
 @dataclass
@@ -139,6 +153,9 @@ class FaultProxy:
         self.rates = rates
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self.arrivals: defaultdict[tuple[str, str, str], list[float]] = defaultdict(list)
+        """(method, path, body digest) -> monotonic arrival times of the requests a `first` or
+        "record" rule matched."""
         self.enabled = True  # off while the harness settles, so the final state is judged without noise
         self._rng = random.Random(rates.seed)
         self._lock = threading.Lock()
@@ -191,17 +208,28 @@ class FaultProxy:
         return path
 
     def decide(
-        self, method: str, watch: bool, preconditioned: bool = False, path: str = ""
+        self, method: str, watch: bool, preconditioned: bool = False, path: str = "", body: bytes | None = None
     ) -> tuple[str | None, float]:
-        """(fault kind or None, its parameter: a hang's seconds, else a random number), from the seeded RNG."""
+        """(fault kind or None, its parameter: a hang's or delay's seconds, else a random number),
+        from the seeded RNG. A throttle_429 from a rule comes as "throttle_429:<rule index>"."""
         with self._lock:
             self.requests += 1
             roll, pick, param = self._rng.random(), self._rng.random(), self._rng.random()
             if not self.enabled:
                 return None, param
-            for rule in self.rates.rules:
-                if rule.method == method and rule.path_part in path and not watch and roll < rule.rate:
-                    return rule.fault, rule.hang_seconds if rule.fault == "hang" else param
+            for index, rule in enumerate(self.rates.rules):
+                if rule.method != method or rule.path_part not in path or watch:
+                    continue
+                if rule.first or rule.fault == "record":
+                    key = (method, path, hashlib.sha256(body or b"").hexdigest())
+                    self.arrivals[key].append(time.monotonic())
+                    if rule.fault == "record" or len(self.arrivals[key]) > rule.first:
+                        return None, param
+                elif roll >= rule.rate:
+                    continue
+                if rule.fault == "throttle_429":
+                    return f"throttle_429:{index}", param
+                return rule.fault, rule.hang_seconds if rule.fault in ("hang", "delay") else param
             if watch:
                 cut_rate = self.rates.rate if self.rates.watch_cut_rate is None else self.rates.watch_cut_rate
                 return ("watch_cut" if roll < cut_rate else None), param
@@ -265,10 +293,17 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.command in ("PATCH", "DELETE")
             and ("json-patch" in content_type or b'"resourceVersion"' in (body or b""))
         )
-        fault, param = proxy.decide(self.command, watch, preconditioned, self.path)
+        fault, param = proxy.decide(self.command, watch, preconditioned, self.path, body)
+        retry_after: str | None = "1"
+        if fault and fault.startswith("throttle_429:"):
+            retry_after = proxy.rates.rules[int(fault.split(":")[1])].retry_after
+            fault = "throttle_429"
         if fault == "latency":
             proxy.count(fault)
             proxy.wait(0.2 + 1.3 * param)
+        elif fault == "delay":
+            proxy.count(fault)
+            proxy.wait(param)  # then forwarded below, late
         elif fault == "hang":
             proxy.count(fault)
             proxy.wait(param)  # decide() gave the hang's length
@@ -280,7 +315,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             return
         elif fault == "throttle_429":
             proxy.count(fault)
-            self._send_status(429, "TooManyRequests", "injected: too many requests", {"Retry-After": "1"})
+            extra = {"Retry-After": retry_after} if retry_after is not None else {}
+            self._send_status(429, "TooManyRequests", "injected: too many requests", extra)
             return
         elif fault == "error_500":
             proxy.count(fault)
