@@ -178,6 +178,7 @@ class Controller:
                 self._restart()
                 return None
             report.seconds = time.monotonic() - self._last_start
+            self._log_cycle(report)
             self.last_report = report
             self.cycles += 1
             self.failures = 0
@@ -190,6 +191,32 @@ class Controller:
             return report
         finally:
             self.lock.release()
+
+    def _log_cycle(self, report: CycleReport) -> None:
+        """The first cycle, and each that admitted or made pod calls, at INFO: a gang's admission,
+        pod creation and gate lifting can be told apart in time (bench.operator reads them), while
+        an idle or settled cluster logs nothing."""
+        cyc = report.cycle
+        if cyc is None:
+            return
+        plan = cyc.plan
+        admitted = cyc.counters.get("admitted", 0)
+        if self.cycles and not admitted and not plan.pod_actions:
+            return
+        log.info(
+            "cycle done",
+            first=not self.cycles,
+            seconds=round(report.seconds, 3),
+            decide_seconds=round(report.decide_seconds, 3),
+            write_seconds=round(report.write_seconds, 3),
+            admitted=admitted,
+            statuses=len(plan.statuses),
+            pod_creates=len(plan.pod_creates),
+            ungates=len(plan.ungates),
+            pod_deletes=len(plan.pod_deletes),
+            nodes=len(self.cache.nodes),
+            pods=len(self.cache.pods),
+        )
 
     def _restart(self) -> None:
         """After a failed cycle: whatever it half-updated is rebuilt. The next tick queues a full
