@@ -32,3 +32,40 @@ def test_cycle_done_is_logged_for_the_first_cycle_and_for_cycles_that_act():
     assert admitting["seconds"] >= admitting["decide_seconds"] >= 0
     (gates,) = cycle_lines(controller, cluster)
     assert gates["admitted"] == 0 and gates["ungates"] == 4
+
+
+class BatchRecorder(FakeCluster):
+    """Records the items of each api.parallel call."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[list] = []
+
+    def parallel(self, fn, items):
+        self.batches.append(list(items))
+        return super().parallel(fn, items)
+
+
+def test_supernode_statuses_of_one_cycle_are_written_as_one_parallel_batch():
+    """A placement across racks changes one Supernode status per rack: written one after the
+    other they held the cycle for seconds under load (bench.operator)."""
+    cluster = BatchRecorder("nvl72", 3)
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    cycle_lines(controller, cluster)
+
+    def supernode_batches() -> list[set[str]]:
+        return [
+            {item[1].name for item in batch}
+            for batch in cluster.batches
+            if batch and isinstance(item := batch[0], tuple) and len(item) == 4 and item[1].kind == "Supernode"
+        ]
+
+    assert supernode_batches() == [{"nvl72-0000", "nvl72-0001", "nvl72-0002"}], "the first cycle writes all three"
+    assert all(cluster.status("Supernode", None, f"nvl72-000{i}")["gpus"]["total"] == 72 for i in range(3))
+    cluster.batches.clear()
+    spec = {"tp": 8, "ep": 8, "pp": 2, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}  # 128 GPUs: two racks
+    cluster.add("TrainingJob", "ml", "wide", spec)
+    cycle_lines(controller, cluster)
+    (batch,) = supernode_batches()
+    assert len(batch) >= 2, "(at least) the two racks the job took, together"
+    assert sum(cluster.status("Supernode", None, n)["gpus"]["allocated"] for n in batch) == 128

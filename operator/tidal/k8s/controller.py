@@ -18,6 +18,7 @@ from typing import Any
 from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
+from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
@@ -26,7 +27,7 @@ from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.supernodes import update_supernode
+from tidal.k8s.supernodes import supernode_status
 from tidal.k8s.training import (
     allocations,
     domain_held_nodes,
@@ -443,8 +444,11 @@ class Controller:
         )
 
     def _update_supernodes(self, cyc: Cycle) -> None:
-        """Supernode statuses, recomputed only where a member node changed this cycle."""
+        """Supernode statuses, recomputed only where a member node changed this cycle, and written
+        in parallel: a gang's placement changes one status per rack it spans, and one after the
+        other those writes held the cycle (and the next gang's gates) for seconds under load."""
         changed = cyc.snapshot.touched | cyc.snapshot.refreshed
+        todo: list[tuple[str, ResourceView, Membership | None, dict[str, Any]]] = []
         for name, view in cyc.state.supernodes.items():
             if view.deleting:
                 continue
@@ -457,7 +461,11 @@ class Controller:
                 and not (member and any(n in changed for n in member.nodes))
             ):
                 continue
-            if update_supernode(cyc, view, member):
+            todo.append((name, view, member, supernode_status(cyc, view, member)))
+        # An unchanged status is not sent (StatusWriter.write compares with what it last wrote).
+        written = self.api.parallel(lambda item: cyc.writer.write(item[1], item[3]), todo)
+        for (name, view, member, _), ok in zip(todo, written, strict=True):
+            if ok:
                 self._supernodes_seen[name] = (view, member)
             else:  # not written (say, 429 while the API server's storage initializes): again next cycle
                 self._supernodes_seen.pop(name, None)
