@@ -294,7 +294,15 @@ def cycles(lines: list[dict[str, Any]], wall0: float) -> list[dict[str, Any]]:
     for line in lines:
         if line.get("event") != "cycle done":
             continue
-        keys = ("seconds", "decide_seconds", "write_seconds", "admitted", "pod_creates", "ungates")
+        keys = (
+            "seconds",
+            "decide_seconds",
+            "write_seconds",
+            "supernodes_seconds",
+            "admitted",
+            "pod_creates",
+            "ungates",
+        )
         out.append({"ended": round(wall_time(line) - wall0, 3), **{k: line.get(k) for k in keys}})
     return out
 
@@ -429,10 +437,14 @@ def render(profile: dict[str, Any]) -> str:
         out.append(f"  {cpu['machine_busy_cpu_seconds']:8.2f}  machine busy ({share:.0%} of capacity)")
     acting = profile.get("gang_cycles")
     if acting:
-        out.append("operator cycles that acted during the gang (ended s after submit; seconds = decide + write):")
+        out.append(
+            "operator cycles that acted during the gang"
+            " (ended s after submit; seconds: decide + write + Supernode statuses + the rest):"
+        )
         for c in acting:
             out.append(
-                f"  {_s(c['ended'])}  {c['seconds']:.3f} s = {c['decide_seconds']:.3f} + {c['write_seconds']:.3f}"
+                f"  {_s(c['ended'])}  {c['seconds']:.3f} s: {c['decide_seconds']:.3f} + {c['write_seconds']:.3f}"
+                f" + {c.get('supernodes_seconds') or 0.0:.3f}"
                 f"  admitted {c['admitted']}, pod creates {c['pod_creates']}, ungates {c['ungates']}"
             )
     warm = profile.get("warm_up")

@@ -72,6 +72,8 @@ class CycleReport:
     decide_seconds: float = 0.0
     """Reconcile, rebalance and admission: the plan of actions (no API call is made)."""
     write_seconds: float = 0.0
+    supernodes_seconds: float = 0.0
+    """Writing the Supernode statuses that changed (after the plan)."""
     """Applying the plan: statuses, events, pod and Service calls."""
     applied: Applied | None = None
     overbooked_gpus: int = 0
@@ -210,6 +212,7 @@ class Controller:
             seconds=round(report.seconds, 3),
             decide_seconds=round(report.decide_seconds, 3),
             write_seconds=round(report.write_seconds, 3),
+            supernodes_seconds=round(report.supernodes_seconds, 3),
             admitted=admitted,
             statuses=len(plan.statuses),
             pod_creates=len(plan.pod_creates),
@@ -349,6 +352,7 @@ class Controller:
         for key in applied.failed_pod_deletes:
             cyc.deleted_uids.discard(cyc.plan.delete_uids.get(key, ""))
         self._update_supernodes(cyc)
+        supernodes_written = time.monotonic()
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
         for uid in [u for u in self.pending_memo if u not in statuses]:
@@ -364,6 +368,7 @@ class Controller:
             pools=pools,
             decide_seconds=decided - started,
             write_seconds=written - decided,
+            supernodes_seconds=supernodes_written - written,
             applied=applied,
             overbooked_gpus=self._overbooked_gpus(cyc),
         )
