@@ -1,6 +1,7 @@
 """Operator scale benchmark on a real API server with >= 1,000 simulated GPU nodes (KWOK).
 
     python -m bench.operator [--json] [--nodes 1008] [--gang-pods 256] [--jobs 50] [--seed 7] [--keep]
+                             [--py-spy .venv/bin/py-spy]
 
 Brings up its own cluster (e2e/cluster.sh, name tidal-bench-<checkout>: --nodes rounded up to
 whole NVL72 racks of 18 nodes, 4 GPUs each; 1,008 nodes = 56 racks, 4,032 GPUs), starts `tidal run`
@@ -14,6 +15,13 @@ overbooked_gpus must both be 0.
 Then the warm-up: the operator is SIGKILLed, a small job is submitted, a fresh operator process is
 started, and warm_up_seconds is the time from starting it to that job's admission (a new replica
 first waits out the dead one's peering record, 15 s, then lists the cluster and builds its view).
+
+The profile (bench/operator_profile.py; tables on stderr, `profile` in the JSON): watches opened
+before the submit time each gang pod's creation, gate removal, binding and Running and each job's
+phase; CPU-seconds per cluster process, the operator, this bench and the whole machine over the
+gang's window and the warm-up; the warm-up's moments from the restarted operator's log (peering
+pause and resume, each kind listed, the startup gate open, the first tick, the first cycle);
+`--py-spy PATH` samples the operator (GIL holder) during the gang. The operators log at INFO.
 
 Client limits: kube-scheduler --kube-api-qps=500/--kube-api-burst=1000, kube-controller-manager
 200/400 (set by e2e/cluster.sh); the operator has no client-side rate limit (its pod, Service and
