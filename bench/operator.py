@@ -1,6 +1,7 @@
 """Operator scale benchmark on a real API server with >= 1,000 simulated GPU nodes (KWOK).
 
     python -m bench.operator [--json] [--nodes 1008] [--gang-pods 256] [--jobs 50] [--seed 7] [--keep]
+                             [--py-spy .venv/bin/py-spy]
 
 Brings up its own cluster (e2e/cluster.sh, name tidal-bench-<checkout>: --nodes rounded up to
 whole NVL72 racks of 18 nodes, 4 GPUs each; 1,008 nodes = 56 racks, 4,032 GPUs), starts `tidal run`
@@ -15,6 +16,13 @@ Then the warm-up: the operator is SIGKILLed, a small job is submitted, a fresh o
 started, and warm_up_seconds is the time from starting it to that job's admission (a new replica
 first waits out the dead one's peering record, 15 s, then lists the cluster and builds its view).
 
+The profile (bench/operator_profile.py; tables on stderr, `profile` in the JSON): watches opened
+before the submit time each gang pod's creation, gate removal, binding and Running and each job's
+phase; CPU-seconds per cluster process, the operator, this bench and the whole machine over the
+gang's window and the warm-up; the warm-up's moments from the restarted operator's log (peering
+pause and resume, each kind listed, the startup gate open, the first tick, the first cycle);
+`--py-spy PATH` samples the operator (GIL holder) during the gang. The operators log at INFO.
+
 Client limits: kube-scheduler --kube-api-qps=500/--kube-api-burst=1000, kube-controller-manager
 200/400 (set by e2e/cluster.sh); the operator has no client-side rate limit (its pod, Service and
 status calls go through 16 worker threads over a pool of 32 connections).
@@ -28,16 +36,39 @@ import json
 import os
 import random
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import yaml
+from kubernetes import client as k8s
 from tests.cluster.kube import E2E, REPO, Kube, bin_dir, eventually
 from tests.cluster.operator_process import OperatorProcess, free_port
 
+from bench.operator_profile import (
+    CpuMeter,
+    PySpy,
+    Watch,
+    cluster_pids,
+    cycles,
+    gang_phases,
+    gang_timeline,
+    job_stages,
+    load_average,
+    log_lines,
+    peer_deadline,
+    phase_is,
+    pod_stages,
+    render,
+    top_functions,
+    warm_up_marks,
+)
+from tidal.k8s.api import load_client
+from tidal.k8s.labels import JOB
 from tidal.placement.workload_mix import TRAINING_MIX, sample_shapes
 
 # One cluster per checkout: two clones benchmarking on one machine must not share (or fight over) one.
@@ -104,19 +135,13 @@ def audit_pods(kube: Kube) -> tuple[int, int]:
     return split, over
 
 
-def phases(kube: Kube) -> dict[str, str]:
-    return {
-        j["metadata"]["name"]: j.get("status", {}).get("phase", "")
-        for j in kube.get("trainingjobs", "-n", "bench")["items"]
-    }
-
-
-def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[str, object]:
+def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: str | None = None) -> dict[str, object]:
     if gang_pods % 64:
         raise ValueError("--gang-pods must be a multiple of 64 (tp=8, ep=8, pp=4 at 4 GPUs a pod)")
     supernodes = -(-nodes // NODES_PER_RACK)
     gang_gpus = gang_pods * 4
     env = {**os.environ, "TIDAL_CLUSTER_NAME": CLUSTER}
+    load_before = load_average()
     started = time.monotonic()
     out = subprocess.run(
         [str(E2E / "cluster.sh"), "up", "--shape", "nvl72", "--supernodes", str(supernodes)],
@@ -126,7 +151,8 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[st
         text=True,
     ).stdout
     cluster_up_s = time.monotonic() - started
-    kube = Kube(Path(out.strip().splitlines()[-1].removeprefix("export KUBECONFIG=")), bin_dir())
+    kubeconfig = Path(out.strip().splitlines()[-1].removeprefix("export KUBECONFIG="))
+    kube = Kube(kubeconfig, bin_dir())
     kube.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
     kube.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
@@ -134,15 +160,28 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[st
     node_count = len(kube.get("nodes")["items"])
     metrics_port = free_port()
     op = OperatorProcess(
-        kube.kubeconfig,
+        kubeconfig,
         Path(tempfile.mkdtemp(prefix="tidal-bench-")),
         "--discover-supernodes",
         "tidal.dev/supernode",
         "--metrics-port",
         str(metrics_port),
         "--spec-priority",  # the synthetic jobs carry integer priorities (big-gang goes first)
-        env={"TIDAL_LOG_LEVEL": "WARNING"},
+        # INFO for the profile's log lines (cycles, startup gate, peering); kopf's per-timer
+        # lines it also brings are ~60 a second at 1,008 nodes, a fraction of a percent of a core.
+        env={"TIDAL_LOG_LEVEL": "INFO"},
     )
+    client = load_client(str(kubeconfig), pool_size=4)
+    core, custom = k8s.CoreV1Api(client), k8s.CustomObjectsApi(client)
+    job_watch = Watch(
+        custom.list_namespaced_custom_object,
+        job_stages,
+        group="tidal.dev",
+        version="v1alpha1",
+        namespace="bench",
+        plural="trainingjobs",
+    ).start()
+    components = cluster_pids(Path(kubeconfig).parent)
     op.start()
     try:
         eventually(
@@ -150,46 +189,85 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[st
             timeout=120,
             what="supernode status",
         )
+        if kube.get("trainingjobs", "-n", "bench")["items"]:  # a cluster kept (--keep) from an earlier run
+            kube.run("delete", "trainingjobs", "--all", "-n", "bench", "--wait=false")
+            eventually(
+                lambda: (
+                    not kube.get("trainingjobs", "-n", "bench")["items"]
+                    and not kube.get("pods", "-n", "bench")["items"]
+                ),
+                timeout=300,
+                interval=2,
+                what="the earlier run's jobs and pods gone",
+            )
         requests_before = api_requests(metrics_port)
+        cycles_before = cycle_metrics(metrics_port)
         big = job_manifest("big-gang", 8, 8, 4, gang_pods // 64, 4, priority=10)
         others = mixed_jobs(jobs, seed, budget=int(supernodes * 72 * 0.75) - gang_gpus) if jobs else []
-        t0 = time.monotonic()
+        names = [j["metadata"]["name"] for j in (big, *others)]
+        pod_watch = Watch(core.list_namespaced_pod, pod_stages, namespace="bench", label_selector=f"{JOB}=big-gang")
+        pod_watch.start()
+        meter = CpuMeter({**components, "operator": [op.proc.pid]})
+        spy = PySpy(py_spy, op.proc.pid, op.workdir / "py-spy.txt") if py_spy else None
+        meter.start()
+        wall0, t0 = time.time(), time.monotonic()
         kube.run("apply", "-f", "-", input=yaml.safe_dump_all([big, *others]))
         timeout = 600 + gang_pods // 4  # a few thousand pods pass kube-scheduler at its qps limit
-        eventually(lambda: phases(kube).get("big-gang") == "Running", timeout=timeout, interval=0.25, what="big gang")
-        big_s = time.monotonic() - t0
-        eventually(
-            lambda: all(p in ("Admitted", "Running") for p in phases(kube).values()),
-            timeout=timeout,
-            interval=0.25,
-            what="all admitted",
-        )
-        admit_s = time.monotonic() - t0
-        eventually(
-            lambda: all(p == "Running" for p in phases(kube).values()),
-            timeout=timeout,
-            interval=0.5,
-            what="all running",
-        )
-        running_s = time.monotonic() - t0
+        big_s = job_watch.wait(phase_is(["big-gang"], "Running"), timeout, "big gang Running") - t0
+        gang_cpu = meter.stop()
+        spy_out = spy.stop() if spy else ""
+        cycles_after = cycle_metrics(metrics_port)
+        admit_s = job_watch.wait(phase_is(names, "Admitted", "Running"), timeout, "all admitted") - t0
+        running_s = job_watch.wait(phase_is(names, "Running"), timeout, "all running") - t0
         split, over = audit_pods(kube)
         pods = len(kube.get("pods", "-n", "bench")["items"])
         requests = api_requests(metrics_port) - requests_before
         rss = peak_rss_mb(op.proc.pid)
+        profile: dict[str, Any] = {
+            "gang": gang_timeline(t0, job_watch.first.get("big-gang", {}), pod_watch.first),
+            "gang_cpu": gang_cpu,
+            # Read after every job ran: the cycle that wrote the gang's Running logs after the write.
+            "gang_cycles": [c for c in cycles(log_lines(op.log_path), wall0) if 0 <= c["ended"] <= big_s + 1],
+            "watch_resumed": {"pods": pod_watch.resumed, "jobs": job_watch.resumed},
+            "gang_cycle_metrics": {
+                "cycles": cycles_after[0] - cycles_before[0],
+                "cycle_seconds": round(cycles_after[1] - cycles_before[1], 2),
+            },
+        }
+        profile["gang_phases"] = dict(gang_phases(profile["gang"]))
+        pod_watch.stop()
+        if spy:
+            collapsed = spy.out.read_text() if spy.out.exists() else ""
+            profile["py_spy"] = {**top_functions(collapsed), "file": str(spy.out), "stderr": spy_out[-300:]}
 
         # Warm-up: a fresh process after a SIGKILL, to the first admission it makes.
         op.kill()
         kube.run("apply", "-f", "-", input=yaml.safe_dump_all([job_manifest("after-restart", 8, 1, 1, 2, 4)]))
-        t1 = time.monotonic()
+        expires = peer_deadline(custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "tidal"))
+        meter = CpuMeter({**components, "operator": []})
+        meter.start()
+        wall1, t1 = time.time(), time.monotonic()
         op.start()
         health_s = time.monotonic() - t1
-        eventually(
-            lambda: phases(kube).get("after-restart") in ("Admitted", "Running"),
-            timeout=600,
-            interval=0.2,
-            what="first admission after restart",
+        meter.pids["operator"] = [op.proc.pid]
+        meter.last[op.proc.pid] = 0.0  # it started inside the window
+        admitted = job_watch.wait(phase_is(["after-restart"], "Admitted", "Running"), 600, "admission after restart")
+        warm_up_s = admitted - t1
+        warm_cpu = meter.stop()
+        # The admitting cycle logs once its pods are made, after the status the watch saw.
+        marks = eventually(
+            lambda: (m := warm_up_marks(log_lines(op.log_path), wall1))["admitting_cycle_done"] is not None and m,
+            timeout=60,
+            interval=0.5,
+            what="the admitting cycle's log line",
         )
-        warm_up_s = time.monotonic() - t1
+        profile["warm_up"] = {
+            "health_port_open": round(health_s, 3),
+            "dead_peer_record_expires": None if expires is None else round(expires - wall1, 3),
+            **marks,
+            "job_admitted_seen": round(warm_up_s, 3),
+        }
+        profile["warm_up_cpu"] = warm_cpu
         split_after, over_after = audit_pods(kube)
         result = {
             "nodes": node_count,
@@ -215,12 +293,24 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool) -> dict[st
             "overbooked_gpus_after_restart": over_after,
             "client_limits": "kube-scheduler qps 500/burst 1000; kube-controller-manager qps 200/burst 400; "
             "operator: no client-side limit (16 API worker threads, 32 connections)",
+            "load_average_before": load_before,
+            "load_average_after": load_average(),
+            "operator_logs": str(op.workdir),
+            "profile": profile,
         }
     finally:
+        job_watch.stop()
         op.stop()
         if not keep:
             subprocess.run([str(E2E / "cluster.sh"), "down"], env=env, check=False, capture_output=True)
     return result
+
+
+def cycle_metrics(metrics_port: int) -> tuple[int, float]:
+    """(cycles run, seconds spent in them) since the operator started, from its /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith("tidal_cycle")}
+    return int(values.get("tidal_cycles_total", 0)), values.get("tidal_cycle_duration_seconds_sum", 0.0)
 
 
 def main() -> None:
@@ -231,14 +321,23 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50, help="jobs from the calibrated mix besides the gang")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument(
+        "--py-spy",
+        metavar="PY_SPY",
+        default=None,
+        help="py-spy binary: sample the operator during the gang (top functions in the profile)",
+    )
     args = parser.parse_args()
-    result = run(args.nodes, args.gang_pods, args.jobs, args.seed, args.keep)
+    result = run(args.nodes, args.gang_pods, args.jobs, args.seed, args.keep, args.py_spy)
+    # The tables go to stderr, so that --json's stdout stays one JSON document.
+    print(render(result["profile"]), file=sys.stderr)  # type: ignore[arg-type]
     if args.json:
         print(json.dumps(result))
     else:
         width = max(map(len, result))
         for k, v in result.items():
-            print(f"{k:<{width}}  {v}")
+            if k != "profile":
+                print(f"{k:<{width}}  {v}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def configure(level: str = "INFO", json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write per line, newline included: print() writes the newline apart, and kopf's lines
+        # (the stdlib handler, another thread) landed in between, two JSON objects on one line.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )

@@ -195,3 +195,18 @@ def test_a_failing_listener_neither_fails_the_cycle_nor_escapes_it():
         assert controller.cycle(cluster.state()) is not None
     assert controller.cycles == 1 and controller.failures == 0
     assert any(e["event"] == "cycle listener failed" and e["log_level"] == "error" for e in logs)
+
+
+def test_the_first_tick_after_a_start_is_logged_once():
+    """A warm-up's "timers running" moment (bench.operator reads it from the log)."""
+    cluster, _, sim, (first,) = setup(1)
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        await sim.event("supernodes", first)
+        for _ in range(3):
+            await sim.tick("supernodes", first)
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(scenario())
+    assert [e["event"] for e in logs].count("first tick: timers running") == 1

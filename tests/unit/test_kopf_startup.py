@@ -3,6 +3,7 @@ changes (kopf as shipped wakes every waiter on every toggle made or dropped: O(o
 
 import asyncio
 
+import structlog
 from kopf._cogs.aiokits.aiotoggles import ToggleSet
 
 from tidal.k8s import kopf_startup
@@ -67,3 +68,28 @@ def test_any_sets_still_turn_off_when_their_only_on_toggle_goes():
         return paused.is_on()
 
     assert asyncio.run(scenario()) is False
+
+
+def test_the_gate_logs_each_listing_and_its_opening_once_and_a_pause_set_logs_nothing():
+    """bench.operator times a warm-up's listing and indexing from these two INFO lines."""
+    kopf_startup.install()
+
+    async def scenario() -> None:
+        gate = ToggleSet(all)
+        blocker = await gate.make_toggle(name="orchestration blocker")
+        listing = await gate.make_toggle(name="pods.v1@None")
+        objects = [await gate.make_toggle(name=f"('pods', 'uid-{i}')") for i in range(3)]
+        await gate.drop_toggle(blocker)
+        await gate.drop_toggle(listing)
+        await gate.drop_toggles(objects[:2])
+        await gate.drop_toggle(objects[2])
+        paused = ToggleSet(any)
+        peer = await paused.make_toggle(True, name="peering")
+        await paused.drop_toggle(peer)
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(scenario())
+    assert [(e["event"], e.get("resource"), e.get("objects_not_indexed")) for e in logs] == [
+        ("startup gate: listing received", "pods.v1@None", 3),
+        ("startup gate open: every listed object indexed", None, None),
+    ]

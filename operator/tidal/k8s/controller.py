@@ -18,6 +18,7 @@ from typing import Any
 from tidal.clock import Clock, SystemClock
 from tidal.k8s.admission import admit_queued
 from tidal.k8s.api import Api
+from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
@@ -26,7 +27,7 @@ from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.supernodes import update_supernode
+from tidal.k8s.supernodes import supernode_status
 from tidal.k8s.training import (
     allocations,
     domain_held_nodes,
@@ -71,6 +72,8 @@ class CycleReport:
     decide_seconds: float = 0.0
     """Reconcile, rebalance and admission: the plan of actions (no API call is made)."""
     write_seconds: float = 0.0
+    supernodes_seconds: float = 0.0
+    """Writing the Supernode statuses that changed (after the plan)."""
     """Applying the plan: statuses, events, pod and Service calls."""
     applied: Applied | None = None
     overbooked_gpus: int = 0
@@ -178,6 +181,7 @@ class Controller:
                 self._restart()
                 return None
             report.seconds = time.monotonic() - self._last_start
+            self._log_cycle(report)
             self.last_report = report
             self.cycles += 1
             self.failures = 0
@@ -190,6 +194,33 @@ class Controller:
             return report
         finally:
             self.lock.release()
+
+    def _log_cycle(self, report: CycleReport) -> None:
+        """The first cycle, and each that admitted or made pod calls, at INFO: a gang's admission,
+        pod creation and gate lifting can be told apart in time (bench.operator reads them), while
+        an idle or settled cluster logs nothing."""
+        cyc = report.cycle
+        if cyc is None:
+            return
+        plan = cyc.plan
+        admitted = cyc.counters.get("admitted", 0)
+        if self.cycles and not admitted and not plan.pod_actions:
+            return
+        log.info(
+            "cycle done",
+            first=not self.cycles,
+            seconds=round(report.seconds, 3),
+            decide_seconds=round(report.decide_seconds, 3),
+            write_seconds=round(report.write_seconds, 3),
+            supernodes_seconds=round(report.supernodes_seconds, 3),
+            admitted=admitted,
+            statuses=len(plan.statuses),
+            pod_creates=len(plan.pod_creates),
+            ungates=len(plan.ungates),
+            pod_deletes=len(plan.pod_deletes),
+            nodes=len(self.cache.nodes),
+            pods=len(self.cache.pods),
+        )
 
     def _restart(self) -> None:
         """After a failed cycle: whatever it half-updated is rebuilt. The next tick queues a full
@@ -323,6 +354,7 @@ class Controller:
         for key in applied.failed_pod_deletes:
             cyc.deleted_uids.discard(cyc.plan.delete_uids.get(key, ""))
         self._update_supernodes(cyc)
+        supernodes_written = time.monotonic()
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
         for uid in [u for u in self.pending_memo if u not in statuses]:
@@ -338,6 +370,7 @@ class Controller:
             pools=pools,
             decide_seconds=decided - started,
             write_seconds=written - decided,
+            supernodes_seconds=supernodes_written - written,
             applied=applied,
             overbooked_gpus=self._overbooked_gpus(cyc),
         )
@@ -418,8 +451,11 @@ class Controller:
         )
 
     def _update_supernodes(self, cyc: Cycle) -> None:
-        """Supernode statuses, recomputed only where a member node changed this cycle."""
+        """Supernode statuses, recomputed only where a member node changed this cycle, and written
+        in parallel: a gang's placement changes one status per rack it spans, and one after the
+        other those writes held the cycle (and the next gang's gates) for seconds under load."""
         changed = cyc.snapshot.touched | cyc.snapshot.refreshed
+        todo: list[tuple[str, ResourceView, Membership | None, dict[str, Any]]] = []
         for name, view in cyc.state.supernodes.items():
             if view.deleting:
                 continue
@@ -432,7 +468,11 @@ class Controller:
                 and not (member and any(n in changed for n in member.nodes))
             ):
                 continue
-            if update_supernode(cyc, view, member):
+            todo.append((name, view, member, supernode_status(cyc, view, member)))
+        # An unchanged status is not sent (StatusWriter.write compares with what it last wrote).
+        written = self.api.parallel(lambda item: cyc.writer.write(item[1], item[3]), todo)
+        for (name, view, member, _), ok in zip(todo, written, strict=True):
+            if ok:
                 self._supernodes_seen[name] = (view, member)
             else:  # not written (say, 429 while the API server's storage initializes): again next cycle
                 self._supernodes_seen.pop(name, None)

@@ -34,8 +34,8 @@ log = structlog.get_logger("tidal")
 class ActionPlan:
     """What one cycle decided to change in the cluster; `k8s/write.apply_actions` applies it in
     this order: statuses (a placement is recorded before its pods exist), events, annotations,
-    pod deletions, ComputeDomain deletions, ComputeDomain creations and rendezvous Services, pod
-    creations (none for a workload whose status, domain or Service was refused), gate removals,
+    pod deletions, ComputeDomain deletions, ComputeDomain creations and rendezvous Services, gate
+    removals, pod creations (none for a workload whose status, domain or Service was refused),
     pod label merges, pool Services."""
 
     statuses: list[tuple[ResourceView, dict[str, Any]]] = field(default_factory=list)

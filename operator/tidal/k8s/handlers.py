@@ -220,6 +220,9 @@ def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
 
 async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
+    if not controller.last_tick:
+        # After (re)start, timers run only once the startup gate opened and peering let us act.
+        log.info("first tick: timers running")
     controller.last_tick = time.monotonic()
     stuck = controller.stuck_report()
     if stuck:

@@ -12,9 +12,14 @@ as kopf's watcher drives it), which was ~45 s of a 59 s warm-up at 1,008 nodes a
 Adding or dropping a toggle changes no individual toggle's state, so the only waiters that can
 proceed afterwards are those of the set's own state: we notify only when `is_on()` changed. Waits
 on single toggles (`Toggle.turn_to` notifies as before) are unaffected.
+
+The gate's two moments a warm-up is made of are logged at INFO (bench.operator times the warm-up's
+phases from them): each resource kind's first listing received, and the gate opening.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import structlog
 from kopf._cogs.aiokits import aiotoggles
@@ -22,6 +27,21 @@ from kopf._cogs.aiokits import aiotoggles
 log = structlog.get_logger("tidal")
 
 _PATCHED = "_tidal_linear_gate"
+_NOT_A_LISTING = "orchestration blocker"
+"""kopf's own toggle held while it spawns the watchers; each other toggle not named after an object
+key (a tuple's repr) is one resource kind's first listing."""
+
+
+def _note_drops(gate: aiotoggles.ToggleSet, dropped: list[aiotoggles.Toggle], before: bool) -> None:
+    # Only kopf's indexing gate is a ToggleSet(all); its peering pause is a ToggleSet(any).
+    if gate._fn is not all:
+        return
+    for toggle in dropped:
+        name = toggle.name or ""
+        if name and name != _NOT_A_LISTING and not name.startswith("("):
+            log.info("startup gate: listing received", resource=name, objects_not_indexed=len(gate._toggles))
+    if not before and gate.is_on():
+        log.info("startup gate open: every listed object indexed")
 
 
 async def _make_toggle(
@@ -42,14 +62,17 @@ async def _drop_toggle(self: aiotoggles.ToggleSet, toggle: aiotoggles.Toggle) ->
         self._toggles.discard(toggle)
         if self.is_on() != before:
             self._condition.notify_all()
+        _note_drops(self, [toggle], before)
 
 
-async def _drop_toggles(self: aiotoggles.ToggleSet, toggles) -> None:
+async def _drop_toggles(self: aiotoggles.ToggleSet, toggles: Iterable[aiotoggles.Toggle]) -> None:
+    toggles = list(toggles)
     async with self._condition:
         before = self.is_on()
         self._toggles.difference_update(toggles)
         if self.is_on() != before:
             self._condition.notify_all()
+        _note_drops(self, toggles, before)
 
 
 def install() -> bool:
@@ -58,7 +81,7 @@ def install() -> bool:
     if getattr(cls, _PATCHED, False):
         return True
     probe = cls(all)
-    if not all(hasattr(probe, a) for a in ("_condition", "_toggles", "is_on")) or not all(
+    if not all(hasattr(probe, a) for a in ("_condition", "_toggles", "_fn", "is_on")) or not all(
         hasattr(cls, m) for m in ("make_toggle", "drop_toggle", "drop_toggles")
     ):
         log.warning("kopf's ToggleSet changed; startup gate left as is (slow warm-up at many objects)")

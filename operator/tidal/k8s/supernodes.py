@@ -16,6 +16,8 @@ _NAME = re.compile(r"[^a-z0-9.-]+")
 
 
 def supernode_status(cyc: Cycle, view: ResourceView, member: Membership | None) -> dict[str, Any]:
+    """The status to write; set_condition keeps lastTransitionTime for an unchanged condition, so a
+    steady supernode's compares equal and is not rewritten."""
     nodes = list(member.nodes) if member else []
     snapshot = cyc.snapshot
     totals = snapshot.supernode_totals(view.name) if member else None
@@ -44,13 +46,6 @@ def supernode_status(cyc: Cycle, view: ResourceView, member: Membership | None) 
         healthy, reason, message = True, "AllNodesReady", f"{len(nodes)} node(s) Ready"
     status["conditions"] = set_condition(conditions, "Healthy", healthy, reason, message, cyc.stamp)
     return status
-
-
-def update_supernode(cyc: Cycle, view: ResourceView, member: Membership | None) -> bool:
-    """Write the status if it changed; False if the write failed (the next cycle tries again)."""
-    # set_condition keeps lastTransitionTime for an unchanged condition, so a steady supernode
-    # compares equal and is not rewritten.
-    return cyc.writer.write(view, supernode_status(cyc, view, member))
 
 
 def supernode_name(label_value: str) -> str:
