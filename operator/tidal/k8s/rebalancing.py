@@ -165,14 +165,12 @@ def rebalance_pools(
 
 
 def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:
+    """`replicas` replicas of the pool as one request: a replica is one HBD group (pp=1), so the
+    pool is a gang of dp=replicas built by the same GangShape arithmetic as a TrainingJob's."""
     spec = view.spec
-    return GangRequest(
-        view.ref,
-        groups=replicas,
-        group_gpus=spec.get("tp", 1) * spec.get("ep", 1),
-        gpus_per_pod=spec["gpusPerPod"],
-        accelerator=spec.get("accelerator", "nvidia.com/gpu"),
-        priority=cyc.priorities.of(view),
+    shape = GangShape(spec.get("tp", 1), spec.get("ep", 1), 1, replicas, spec["gpusPerPod"])
+    return shape.request(
+        view.ref, accelerator=spec.get("accelerator", "nvidia.com/gpu"), priority=cyc.priorities.of(view)
     )
 
 
