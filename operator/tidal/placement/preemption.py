@@ -317,6 +317,8 @@ class EvictionSearch:
         info: dict[str, tuple[int, int, int, int] | None] = {}
         owner: dict[str, int] = {}
         shared: dict[str, list[int]] = {}
+        index: dict[str, int] = {}
+        slots_now: list[int] = []
         self.victims: list[_Victim] = []
         for v, gang in enumerate(gangs):
             replica_rel: list[dict[str, int]] = []
@@ -334,12 +336,20 @@ class EvictionSearch:
                 replica_gpus.append(sum(per_node.values()))
                 gain: dict[int, int] = {}
                 dropped = False
+                last_sn = -1
                 for name, g in per_node.items():
                     t = info.get(name, _UNSEEN)
                     if t is _UNSEEN:
                         t = None  # unless tracked below: the GPUs still count as evicted, but give nothing
                         node = nodes.get(name)
-                        if node is not None and node.usable and (recovery or not node.spare):
+                        # node.usable, inlined: this loop visits every node the running gangs hold.
+                        if (
+                            node is not None
+                            and node.ready
+                            and not node.cordoned
+                            and not node.tainted
+                            and (recovery or not node.spare)
+                        ):
                             j = sn_index.get(node.supernode)
                             if j is None:
                                 j = -1
@@ -352,12 +362,16 @@ class EvictionSearch:
                             if j >= 0:
                                 free = node.gpus - node.allocated
                                 t = (node.gpus, node.allocated, j, free // gpp if free > 0 else 0)
+                                index[name] = len(slots_now)
+                                slots_now.append(t[3])
                         info[name] = t
                     if t is None:
                         dropped = True
                         continue
                     node_gpus, allocated, j, slots0 = t
-                    add_sn(j)
+                    if j != last_sn:  # a replica's nodes come supernode by supernode
+                        add_sn(j)
+                        last_sn = j
                     held = allocated - g
                     free = node_gpus - (held if held > 0 else 0)
                     gained = (free // gpp if free > 0 else 0) - slots0
@@ -381,9 +395,9 @@ class EvictionSearch:
         self.node_info: dict[str, tuple[int, int, int, int]] = info  # type: ignore[assignment]
         """Tracked nodes (the request's accelerator, usable, spares only on recovery): name -> (GPUs,
         allocated, supernode index, pod slots now); None where a release gives the request nothing."""
-        self.node_index = {name: i for i, name in enumerate(name for name, t in info.items() if t is not None)}
+        self.node_index = index
         """Tracked node -> its index in _State's lists."""
-        self.node_slots0 = [t[3] for t in info.values() if t is not None]
+        self.node_slots0 = slots_now
         if flat:
             self.sn_slots0 = [0]  # only changes count: groups are slots
         else:
@@ -539,8 +553,7 @@ class EvictionSearch:
         if out is None:
             index, info = self.node_index, self.node_info
             out = self._released[key] = tuple(
-                (index[name], d, info[name][0], info[name][1], info[name][2])
-                for name, d in self._delta(v, lo, hi).items()
+                (index[name], d, *info[name][:3]) for name, d in self._delta(v, lo, hi).items()
             )
         return out
 

@@ -94,6 +94,11 @@ class Policy:
         Shrunk jobs that may grow back take their turn in the same order."""
         free = sim.snapshot.free_gpus()
         tries = 0
+        # plan_gang's count of the groups of a shape (accelerator, group GPUs, pod GPUs) that fit
+        # now, from its last refusal in this pass: a request for more is refused without asking.
+        # Only allocations follow in the pass, so the count can only have fallen since.
+        fitting: dict[tuple[str, int, int], int] = {}
+        counted = self.planner is plan_gang
         for job in sorted(sim.queue + self.grow_candidates(sim), key=order):
             if tries >= ADMIT_TRIES or free <= 0:
                 break
@@ -108,11 +113,17 @@ class Policy:
                 continue
             tries += 1
             for dp in dps:
-                plan = self.planner(sim.snapshot, job_request(job, dp))
+                request = job_request(job, dp)
+                shape = (request.accelerator, request.group_gpus, request.gpus_per_pod)
+                if counted and request.groups > fitting.get(shape, request.groups):
+                    continue
+                plan = self.planner(sim.snapshot, request)
                 if isinstance(plan, PlacementPlan):
                     sim.start(job, plan, dp, split_groups(sim.snapshot, plan))
                     free -= job.gpus_held
                     break
+                if counted:
+                    fitting[shape] = plan.groups_fitting_now
 
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
         return 0
