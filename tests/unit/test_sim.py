@@ -438,6 +438,24 @@ def test_admission_counts_fitting_groups_afresh_in_every_pass():
     assert two.state == "queued" and small.state == "restoring"
 
 
+def test_the_forecast_follows_the_time_and_the_workload():
+    """tidal's forecast is kept for the current time: a kept one must not outlive the time (nor
+    serve another simulation's workload)."""
+    day = [2] * 48 + [2 + k for k in range(12)] + [14] * 84  # a two-hour rise from 08:00
+    sim = hand_sim(pools={"m-large": day * 2, "m-mid": [0] * 288, "m-small": [0] * 288})
+    pool = sim.pools["m-large"]
+    policy = Tidal()
+    seen = []
+    for hour in (7, 7, 8, 12):
+        sim.now = 86400 + hour * 3600
+        seen.append(policy.forecast(sim, pool))
+        assert seen[-1] == policy._forecast(sim, pool)
+    assert seen[0] == seen[1] and len(set(seen)) == 3, seen
+    other = hand_sim(pools={"m-large": [5] * 288, "m-mid": [0] * 288, "m-small": [0] * 288})
+    other.now = sim.now
+    assert policy.forecast(other, other.pools["m-large"]) == 5 != seen[-1]
+
+
 # -- shapes, quick mode -----------------------------------------------------------------------
 @pytest.mark.parametrize("shape", ["nvl72", "cm384", "hgx8", "mixed"])
 def test_no_shape_leaves_most_of_its_gpus_idle_under_full_load(shape):

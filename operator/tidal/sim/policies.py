@@ -211,6 +211,9 @@ class Autoscaled(Policy):
 
     def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
         self.tracker = DemandTracker(window=stabilization)
+        # pool -> (workload, time, forecast): a function of the workload's past demand and the
+        # time alone, and grow-back asks for it for every candidate job at every admission pass.
+        self.forecasts: dict[str, tuple[object, float, int]] = {}
 
     def start(self, sim: Simulation) -> None:
         self.tick(sim)
@@ -219,6 +222,14 @@ class Autoscaled(Policy):
         """Replicas needed within the next `forecast_lead_s`: today's demand plus the largest rise
         the previous days showed from this time of day over the lead (the mean over up to
         FORECAST_DAYS days). Only past demand is read."""
+        cached = self.forecasts.get(pool.name)
+        if cached is not None and cached[0] is sim.workload and cached[1] == sim.now:
+            return cached[2]
+        value = self._forecast(sim, pool)
+        self.forecasts[pool.name] = (sim.workload, sim.now, value)
+        return value
+
+    def _forecast(self, sim: Simulation, pool: Pool) -> int:
         days = min(int(sim.now // 86400), FORECAST_DAYS)
         if not days or self.forecast_lead_s <= 0:
             return 0
