@@ -438,6 +438,31 @@ def test_admission_counts_fitting_groups_afresh_in_every_pass():
     assert two.state == "queued" and small.state == "restoring"
 
 
+def test_first_fit_admission_counts_free_pods_afresh_in_every_pass():
+    """First fit's refusal counts the free pod slots; a smaller request still gets its try, and
+    the next pass asks again once GPUs came back."""
+    sim = hand_sim(FREE, supernodes=1)
+    sim.policy = policy = POLICIES["first-fit"]()
+    names = list(sim.snapshot.nodes)
+    for name in names[3:]:
+        sim.snapshot.allocate(name, 4)
+    sim.snapshot.allocate(names[1], 2)
+    sim.snapshot.allocate(names[2], 2)  # 8 free GPUs, one free 4-GPU pod slot
+    two_pods = Job(TrainingArrival(1, 0.0, JobShape(8, 1, 1, 1, 4, 1), 1e6, 5, True, None), dp=1, remaining=1e9)
+    one_pod = Job(TrainingArrival(2, 0.0, JobShape(4, 1, 1, 1, 4, 1), 1e6, 1, True, None), dp=1, remaining=1e9)
+    refusal = policy.planner(sim.snapshot, job_request(two_pods, 1))
+    assert refusal.details["pods_fitting_now"] == 1
+    for j in (two_pods, one_pod):
+        sim.jobs[j.id] = j
+        sim.queue.append(j)
+    policy.admit(sim)
+    assert two_pods.state == "queued" and one_pod.state == "restoring"
+    sim.snapshot.release(names[1], 2)
+    sim.snapshot.release(names[2], 2)
+    policy.admit(sim)
+    assert two_pods.state == "restoring"
+
+
 def test_the_forecast_follows_the_time_and_the_workload():
     """tidal's forecast is kept for the current time: a kept one must not outlive the time (nor
     serve another simulation's workload)."""

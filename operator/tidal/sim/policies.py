@@ -32,6 +32,7 @@ from tidal.placement import (
     PlacementPlan,
     PreemptionPlan,
     RunningGang,
+    Unplaceable,
     apply_plan,
     plan_first_fit,
     plan_gang,
@@ -94,11 +95,10 @@ class Policy:
         Shrunk jobs that may grow back take their turn in the same order."""
         free = sim.snapshot.free_gpus()
         tries = 0
-        # plan_gang's count of the groups of a shape (accelerator, group GPUs, pod GPUs) that fit
-        # now, from its last refusal in this pass: a request for more is refused without asking.
-        # Only allocations follow in the pass, so the count can only have fallen since.
-        fitting: dict[tuple[str, int, int], int] = {}
-        counted = self.planner is plan_gang
+        # The planner's count of what fits now (room_key), from its last refusal of a request of
+        # that kind in this pass: a request for more is refused without asking. Only allocations
+        # follow in the pass, so the count can only have fallen since.
+        fitting: dict[tuple, int] = {}
         for job in sorted(sim.queue + self.grow_candidates(sim), key=order):
             if tries >= ADMIT_TRIES or free <= 0:
                 break
@@ -114,16 +114,33 @@ class Policy:
             tries += 1
             for dp in dps:
                 request = job_request(job, dp)
-                shape = (request.accelerator, request.group_gpus, request.gpus_per_pod)
-                if counted and request.groups > fitting.get(shape, request.groups):
+                key, size = self.room_key(request)
+                if size > fitting.get(key, size):
                     continue
                 plan = self.planner(sim.snapshot, request)
                 if isinstance(plan, PlacementPlan):
                     sim.start(job, plan, dp, split_groups(sim.snapshot, plan))
                     free -= job.gpus_held
                     break
-                if counted:
-                    fitting[shape] = plan.groups_fitting_now
+                fitting[key] = self.room_now(plan)
+
+    @staticmethod
+    def room_key(request: GangRequest) -> tuple[tuple, int]:
+        """What the planner counts for a request and how many it asks for: for plan_gang, groups of
+        its shape (a policy with another planner says what that one counts)."""
+        kind = (
+            request.accelerator,
+            request.group_gpus,
+            request.gpus_per_pod,
+            request.recovery,
+            request.prefer_supernodes,
+        )
+        return kind, request.groups
+
+    @staticmethod
+    def room_now(refusal: Unplaceable) -> int:
+        """How many of room_key's units fit now, by the planner's refusal."""
+        return refusal.groups_fitting_now
 
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
         return 0
@@ -162,6 +179,15 @@ class TopologyOnly(Policy):
 class FirstFit(TopologyOnly):
     name = "first-fit"
     planner = staticmethod(plan_first_fit)
+
+    @staticmethod
+    def room_key(request: GangRequest) -> tuple[tuple, int]:
+        """First fit counts pods of the request's size anywhere, groups aside."""
+        return (request.accelerator, request.gpus_per_pod, request.recovery), request.groups * request.pods_per_group
+
+    @staticmethod
+    def room_now(refusal: Unplaceable) -> int:
+        return refusal.details["pods_fitting_now"]
 
 
 def is_day(sim: Simulation, at: float | None = None) -> bool:
