@@ -379,6 +379,108 @@ def test_grow_back_is_partial_when_not_all_replicas_fit():
     assert shrunk.dp == 3 and shrunk.gpus_held == 24 and sim.totals.grow_backs == 1
 
 
+def uncached_gangs(sim):
+    for job in sim.jobs.values():
+        job.gang = None
+    return sim.running_gangs()
+
+
+def test_running_gangs_follow_every_shrink_grow_and_re_placement():
+    """running_gangs reuses a job's RunningGang while it has not moved; a stale one would offer
+    the capacity planner replicas the job no longer holds (or hide the ones it grew)."""
+    sim = hand_sim(FREE)
+    job = started(sim, JobShape(8, 1, 1, 4, 4, 1), min_dp=1)
+    until(sim, 1000)
+    first = sim.running_gangs()
+    assert len(first[0].replicas) == 4 and sim.running_gangs()[0] is first[0]  # unchanged: reused
+    sim.request_checkpoint(job, (2, 3))
+    until(sim, 2000)
+    shrunk = sim.running_gangs()
+    assert len(shrunk[0].replicas) == 2 and shrunk == uncached_gangs(sim)
+    request = GangRequest(job.id, 2, 8, 4, group_ids=(2, 3))
+    sim.grow(job, plan_gang(sim.snapshot, request), 4)
+    grown = sim.running_gangs()
+    assert len(grown[0].replicas) == 4 and grown == uncached_gangs(sim)
+    until(sim, 3000)
+    node = next(iter(dict(grown[0].replicas[0])))
+    sim.snapshot.update_node(node, ready=False)
+    sim._fail(job, [g for g in job.groups if node in g.nodes])
+    moved = sim.running_gangs()
+    assert node not in dict(moved[0].replicas[0]) and moved == uncached_gangs(sim)
+
+
+def test_admission_counts_fitting_groups_afresh_in_every_pass():
+    """A pass skips plan_gang for requests larger than what it last counted as fitting, but a
+    smaller one still gets its try, and the next pass counts again once GPUs came back."""
+    sim = hand_sim(FREE, supernodes=4)
+    sim.policy = policy = Policy()
+    nodes = {sn: list(sim.snapshot.supernodes[sn].nodes) for sn in sim.snapshot.supernodes}
+    for members in nodes.values():  # 4 free GPUs per supernode: 16 free, room for no 8-GPU group
+        for name in members[1:]:
+            sim.snapshot.allocate(name, 4)
+    one_group = JobShape(8, 1, 1, 1, 4, 1)
+    job = Job(TrainingArrival(1, 0.0, one_group, 1e6, 5, True, None), dp=1, remaining=1e9)
+    sim.jobs[job.id] = job
+    sim.queue.append(job)
+    policy.admit(sim)
+    assert job.state == "queued"
+    first, second = list(nodes)[:2]
+    sim.snapshot.release(nodes[first][1], 4)
+    policy.admit(sim)
+    assert job.state == "restoring"
+    sim.snapshot.release(nodes[second][1], 4)  # 16 free GPUs again, room for one 8-GPU group, not two
+    two = Job(TrainingArrival(2, 0.0, JobShape(8, 1, 1, 2, 4, 1), 1e6, 5, True, None), dp=2, remaining=1e9)
+    small = Job(TrainingArrival(3, 0.0, one_group, 1e6, 1, True, None), dp=1, remaining=1e9)
+    for j in (two, small):
+        sim.jobs[j.id] = j
+        sim.queue.append(j)
+    policy.admit(sim)
+    assert two.state == "queued" and small.state == "restoring"
+
+
+def test_first_fit_admission_counts_free_pods_afresh_in_every_pass():
+    """First fit's refusal counts the free pod slots; a smaller request still gets its try, and
+    the next pass asks again once GPUs came back."""
+    sim = hand_sim(FREE, supernodes=1)
+    sim.policy = policy = POLICIES["first-fit"]()
+    names = list(sim.snapshot.nodes)
+    for name in names[3:]:
+        sim.snapshot.allocate(name, 4)
+    sim.snapshot.allocate(names[1], 2)
+    sim.snapshot.allocate(names[2], 2)  # 8 free GPUs, one free 4-GPU pod slot
+    two_pods = Job(TrainingArrival(1, 0.0, JobShape(8, 1, 1, 1, 4, 1), 1e6, 5, True, None), dp=1, remaining=1e9)
+    one_pod = Job(TrainingArrival(2, 0.0, JobShape(4, 1, 1, 1, 4, 1), 1e6, 1, True, None), dp=1, remaining=1e9)
+    refusal = policy.planner(sim.snapshot, job_request(two_pods, 1))
+    assert refusal.details["pods_fitting_now"] == 1
+    for j in (two_pods, one_pod):
+        sim.jobs[j.id] = j
+        sim.queue.append(j)
+    policy.admit(sim)
+    assert two_pods.state == "queued" and one_pod.state == "restoring"
+    sim.snapshot.release(names[1], 2)
+    sim.snapshot.release(names[2], 2)
+    policy.admit(sim)
+    assert two_pods.state == "restoring"
+
+
+def test_the_forecast_follows_the_time_and_the_workload():
+    """tidal's forecast is kept for the current time: a kept one must not outlive the time (nor
+    serve another simulation's workload)."""
+    day = [2] * 48 + [2 + k for k in range(12)] + [14] * 84  # a two-hour rise from 08:00
+    sim = hand_sim(pools={"m-large": day * 2, "m-mid": [0] * 288, "m-small": [0] * 288})
+    pool = sim.pools["m-large"]
+    policy = Tidal()
+    seen = []
+    for hour in (7, 7, 8, 12):
+        sim.now = 86400 + hour * 3600
+        seen.append(policy.forecast(sim, pool))
+        assert seen[-1] == policy._forecast(sim, pool)
+    assert seen[0] == seen[1] and len(set(seen)) == 3, seen
+    other = hand_sim(pools={"m-large": [5] * 288, "m-mid": [0] * 288, "m-small": [0] * 288})
+    other.now = sim.now
+    assert policy.forecast(other, other.pools["m-large"]) == 5 != seen[-1]
+
+
 # -- shapes, quick mode -----------------------------------------------------------------------
 @pytest.mark.parametrize("shape", ["nvl72", "cm384", "hgx8", "mixed"])
 def test_no_shape_leaves_most_of_its_gpus_idle_under_full_load(shape):

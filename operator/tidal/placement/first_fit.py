@@ -32,6 +32,7 @@ def plan_first_fit(snapshot: ClusterSnapshot, request: GangRequest) -> Placement
             request,
             UnplaceableReason.INSUFFICIENT_FREE_CAPACITY,
             f"needs {needed} pods of {gpp} {request.accelerator}; {len(pods)} fit",
+            details={"pods_fitting_now": len(pods)},  # every free pod slot: the walk did not stop early
         )
     groups = []
     for g in range(request.groups):

@@ -199,51 +199,79 @@ class _Move:
     whole_groups: int = 0
 
 
+Released = tuple[tuple[int, int, int, int, int], ...]
+"""A release compiled for _State: (tracked node index, GPUs, node GPUs, allocated, supernode index)
+per node, in the order of the name-keyed delta (float partial credit is summed in that order)."""
+
+
 class _State:
-    """Released GPUs per tracked node, and the slot and group counts they give."""
+    """Released GPUs per tracked node, and the slot and group counts they give.
+
+    Nodes are list indices (EvictionSearch.node_index), not names: apply runs millions of times
+    in the exact search, where a name's dict lookups were most of the cost."""
 
     __slots__ = ("groups", "nslots", "partial", "rel", "search", "sslots")
 
     def __init__(self, search: EvictionSearch):
         self.search = search
-        self.rel: dict[str, int] = {}
-        self.nslots = dict(search.node_slots0)
+        self.rel = [0] * len(search.node_slots0)
+        self.nslots = list(search.node_slots0)
         self.sslots = list(search.sn_slots0)
         self.groups = search.base_groups
         self.partial = search.partial0
 
-    def apply(self, delta: dict[str, int], sign: int) -> None:
+    def apply(self, delta: Released, sign: int) -> None:
         s = self.search
-        info, gpp, per_group, phi = s.node_info, s.gpp, s.per_group, s.phi
+        gpp, per_group, phi = s.gpp, s.per_group, s.phi
         rel, nslots, sslots = self.rel, self.nslots, self.sslots
-        for name, d in delta.items():
-            r = rel.get(name, 0) + sign * d
-            rel[name] = r
-            gpus, alloc, j, _ = info[name]
+        groups, partial = self.groups, self.partial
+        for i, d, gpus, alloc, j in delta:
+            r = rel[i] + sign * d
+            rel[i] = r
             held = alloc - r
             free = gpus - (held if held > 0 else 0)
             slots = free // gpp if free > 0 else 0
-            old = nslots[name]
+            old = nslots[i]
             if slots != old:
-                nslots[name] = slots
+                nslots[i] = slots
                 before = sslots[j]
                 after = before + slots - old
                 sslots[j] = after
-                self.groups += after // per_group - before // per_group
-                self.partial += phi[after % per_group] - phi[before % per_group]
+                groups += after // per_group - before // per_group
+                partial += phi[after % per_group] - phi[before % per_group]
+        self.groups, self.partial = groups, partial
 
-    def gain(self, delta: dict[str, int]) -> dict[int, int]:
-        """Slots each supernode would gain if `delta` were released on top of this state."""
+    def apply_groups(self, delta: Released, sign: int) -> None:
+        """apply without the partial credit (which only the greedy's scores read): the exact search's."""
         s = self.search
-        info, gpp = s.node_info, s.gpp
-        rel, nslots = self.rel, self.nslots
-        out: dict[int, int] = {}
-        for name, d in delta.items():
-            gpus, alloc, j, _ = info[name]
-            held = alloc - rel.get(name, 0) - d
+        gpp, per_group = s.gpp, s.per_group
+        rel, nslots, sslots = self.rel, self.nslots, self.sslots
+        groups = self.groups
+        for i, d, gpus, alloc, j in delta:
+            r = rel[i] + sign * d
+            rel[i] = r
+            held = alloc - r
             free = gpus - (held if held > 0 else 0)
             slots = free // gpp if free > 0 else 0
-            old = nslots[name]
+            old = nslots[i]
+            if slots != old:
+                nslots[i] = slots
+                before = sslots[j]
+                after = before + slots - old
+                sslots[j] = after
+                groups += after // per_group - before // per_group
+        self.groups = groups
+
+    def gain(self, delta: Released) -> dict[int, int]:
+        """Slots each supernode would gain if `delta` were released on top of this state."""
+        gpp = self.search.gpp
+        rel, nslots = self.rel, self.nslots
+        out: dict[int, int] = {}
+        for i, d, gpus, alloc, j in delta:
+            held = alloc - rel[i] - d
+            free = gpus - (held if held > 0 else 0)
+            slots = free // gpp if free > 0 else 0
+            old = nslots[i]
             if slots != old:
                 out[j] = out.get(j, 0) + slots - old
         return out
@@ -289,6 +317,8 @@ class EvictionSearch:
         info: dict[str, tuple[int, int, int, int] | None] = {}
         owner: dict[str, int] = {}
         shared: dict[str, list[int]] = {}
+        index: dict[str, int] = {}
+        slots_now: list[int] = []
         self.victims: list[_Victim] = []
         for v, gang in enumerate(gangs):
             replica_rel: list[dict[str, int]] = []
@@ -306,12 +336,20 @@ class EvictionSearch:
                 replica_gpus.append(sum(per_node.values()))
                 gain: dict[int, int] = {}
                 dropped = False
+                last_sn = -1
                 for name, g in per_node.items():
                     t = info.get(name, _UNSEEN)
                     if t is _UNSEEN:
                         t = None  # unless tracked below: the GPUs still count as evicted, but give nothing
                         node = nodes.get(name)
-                        if node is not None and node.usable and (recovery or not node.spare):
+                        # node.usable, inlined: this loop visits every node the running gangs hold.
+                        if (
+                            node is not None
+                            and node.ready
+                            and not node.cordoned
+                            and not node.tainted
+                            and (recovery or not node.spare)
+                        ):
                             j = sn_index.get(node.supernode)
                             if j is None:
                                 j = -1
@@ -324,12 +362,16 @@ class EvictionSearch:
                             if j >= 0:
                                 free = node.gpus - node.allocated
                                 t = (node.gpus, node.allocated, j, free // gpp if free > 0 else 0)
+                                index[name] = len(slots_now)
+                                slots_now.append(t[3])
                         info[name] = t
                     if t is None:
                         dropped = True
                         continue
                     node_gpus, allocated, j, slots0 = t
-                    add_sn(j)
+                    if j != last_sn:  # a replica's nodes come supernode by supernode
+                        add_sn(j)
+                        last_sn = j
                     held = allocated - g
                     free = node_gpus - (held if held > 0 else 0)
                     gained = (free // gpp if free > 0 else 0) - slots0
@@ -353,7 +395,9 @@ class EvictionSearch:
         self.node_info: dict[str, tuple[int, int, int, int]] = info  # type: ignore[assignment]
         """Tracked nodes (the request's accelerator, usable, spares only on recovery): name -> (GPUs,
         allocated, supernode index, pod slots now); None where a release gives the request nothing."""
-        self.node_slots0 = {name: t[3] for name, t in info.items() if t is not None}
+        self.node_index = index
+        """Tracked node -> its index in _State's lists."""
+        self.node_slots0 = slots_now
         if flat:
             self.sn_slots0 = [0]  # only changes count: groups are slots
         else:
@@ -373,6 +417,7 @@ class EvictionSearch:
             for j in victim.sns:
                 self.sn_victims[j].append(victim.index)
         self._deltas: dict[tuple[int, int, int], dict[str, int]] = {}
+        self._released: dict[tuple[int, int, int], Released] = {}
 
     # -- limits: how far up its ladder each candidate may go --------------------------------
     def full_limits(self) -> list[int]:
@@ -387,7 +432,7 @@ class EvictionSearch:
         st = _State(self)
         for v, lim in enumerate(limits):
             if lim:
-                st.apply(self._delta(v, 0, lim), +1)
+                st.apply(self._rel(v, 0, lim), +1)
         return st.groups
 
     def solve(self, groups: int, limits: list[int]) -> Choice | None:
@@ -402,7 +447,7 @@ class EvictionSearch:
             # together): take everything, which also tells whether any plan exists at all.
             for v, lim in enumerate(limits):
                 if levels[v] < lim:
-                    st.apply(self._delta(v, levels[v], lim), +1)
+                    st.apply(self._rel(v, levels[v], lim), +1)
                     levels[v] = lim
             if st.groups < groups:
                 return None
@@ -501,6 +546,17 @@ class EvictionSearch:
             self._deltas[key] = delta
         return delta
 
+    def _rel(self, v: int, lo: int, hi: int) -> Released:
+        """_delta compiled for _State (read-only, cached)."""
+        key = (v, lo, hi)
+        out = self._released.get(key)
+        if out is None:
+            index, info = self.node_index, self.node_info
+            out = self._released[key] = tuple(
+                (index[name], d, *info[name][:3]) for name, d in self._delta(v, lo, hi).items()
+            )
+        return out
+
     def _choice(self, levels: list[int], groups: int) -> Choice:
         gpus = victims = prio = 0
         for v, level in enumerate(levels):
@@ -549,7 +605,7 @@ class EvictionSearch:
         Returns the GPUs it added. Gains are kept per move and supernode; a pick re-scores only the
         moves on the supernodes it changed and fixes the gains of moves sharing its nodes.
         """
-        pristine = not any(st.rel.values())
+        pristine = not any(st.rel)
         heap: list[tuple[tuple, int, int, int, _Move]] = []
         tick = count()
         step = 0
@@ -581,7 +637,7 @@ class EvictionSearch:
                             for j, g in replica_gain.items():
                                 gain[j] = gain.get(j, 0) + g
                     else:
-                        gain = st.gain(delta)
+                        gain = st.gain(self._rel(v, lo, hi))
                     out.append(_Move(v, lo, hi, victim.cost[hi] - victim.cost[lo], delta, gain))
             moves_of[v] = out
             for m in out:
@@ -592,6 +648,7 @@ class EvictionSearch:
             if limits[v] > levels[v] and self.victims[v].sns and (allowed is None or v in allowed):
                 make_moves(v)
         shared = self.node_victims
+        index = self.node_index
         while st.groups < target and heap:
             _, _, stamp, version, m = heapq.heappop(heap)
             if not m.alive or version != m.version:
@@ -602,8 +659,8 @@ class EvictionSearch:
                 push(m)
                 continue
             pristine = False
-            old_rel = {name: st.rel.get(name, 0) for name in m.delta if name in shared}
-            st.apply(m.delta, +1)
+            old_rel = {name: st.rel[index[name]] for name in m.delta if name in shared}
+            st.apply(self._rel(m.victim, m.lo, m.hi), +1)
             spent += m.cost
             levels[m.victim] = m.hi
             for old in moves_of.pop(m.victim, ()):
@@ -612,7 +669,7 @@ class EvictionSearch:
             dirty: dict[int, _Move] = {}
             # Moves of other victims on the same nodes: their slot gains there changed.
             for name, before in old_rel.items():
-                after = st.rel[name]
+                after = st.rel[index[name]]
                 for u in shared[name]:
                     if u == m.victim:
                         continue
@@ -646,7 +703,7 @@ class EvictionSearch:
         for v in order:
             level = levels[v]
             while level > 0:
-                delta = self._delta(v, level - 1, level)
+                delta = self._rel(v, level - 1, level)
                 st.apply(delta, -1)
                 if st.groups >= target:
                     level -= 1
@@ -657,9 +714,9 @@ class EvictionSearch:
 
     def _set_level(self, st: _State, levels: list[int], v: int, level: int) -> None:
         if level > levels[v]:
-            st.apply(self._delta(v, levels[v], level), +1)
+            st.apply(self._rel(v, levels[v], level), +1)
         elif level < levels[v]:
-            st.apply(self._delta(v, level, levels[v]), -1)
+            st.apply(self._rel(v, level, levels[v]), -1)
         levels[v] = level
 
     def _improve(self, st: _State, levels: list[int], limits: list[int], target: int, everyone: bool) -> None:
@@ -712,14 +769,14 @@ class EvictionSearch:
         base = _State(self)
         scored = []
         for v in relevant:
-            gain = base.gain(self._delta(v, 0, limits[v]))
+            gain = base.gain(self._rel(v, 0, limits[v]))
             room = sum(gain.values())
             scored.append((-room / max(victims[v].cost[limits[v]], 1), v))
         order = [v for _, v in sorted(scored)]
         cur = _State(self)
         opt = _State(self)
         for v in order:
-            opt.apply(self._delta(v, 0, limits[v]), +1)
+            opt.apply_groups(self._rel(v, 0, limits[v]), +1)
         if opt.groups < target:
             return None
         suffix_min = [0] * (len(order) + 1)
@@ -735,13 +792,13 @@ class EvictionSearch:
             """Victim v from level lo to hi in both states (cur: chosen so far, opt: chosen + all the rest)."""
             nonlocal work
             if lo < hi:
-                delta = self._delta(v, lo, hi)
-                cur.apply(delta, +1)
-                opt.apply(delta, +1)
+                delta = self._rel(v, lo, hi)
+                cur.apply_groups(delta, +1)
+                opt.apply_groups(delta, +1)
             else:
-                delta = self._delta(v, hi, lo)
-                cur.apply(delta, -1)
-                opt.apply(delta, -1)
+                delta = self._rel(v, hi, lo)
+                cur.apply_groups(delta, -1)
+                opt.apply_groups(delta, -1)
             work += len(delta)
 
         def dfs(k: int, gpus: int, nvict: int, prio: int) -> None:
@@ -759,8 +816,8 @@ class EvictionSearch:
             victim = victims[v]
             lim = limits[v]
             # opt held v at its limit: from here on it holds v at the level tried.
-            delta = self._delta(v, 0, lim)
-            opt.apply(delta, -1)
+            delta = self._rel(v, 0, lim)
+            opt.apply_groups(delta, -1)
             work += len(delta)
             level = 0
             while True:
@@ -775,7 +832,7 @@ class EvictionSearch:
                 level += 1
             if level:
                 move(v, level, 0)
-            opt.apply(delta, +1)
+            opt.apply_groups(delta, +1)
             work += len(delta)
 
         dfs(0, 0, 0, 0)
@@ -784,7 +841,7 @@ class EvictionSearch:
         st = _State(self)
         for v, level in enumerate(best_levels):
             if level:
-                st.apply(self._delta(v, 0, level), +1)
+                st.apply(self._rel(v, 0, level), +1)
         return self._choice(best_levels, st.groups)
 
 

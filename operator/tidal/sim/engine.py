@@ -94,6 +94,7 @@ class Job:
     dp: int
     state: str = "queued"  # queued | restoring | running | checkpointing | done
     groups: list[GroupAssignment] = field(default_factory=list)
+    """Replaced on every change, never changed in place: running_gangs keys its cache on the list's identity."""
     remaining: float = 0.0  # GPU-seconds of work at full efficiency
     efficiency: float = 1.0
     running_since: float = 0.0  # periodic checkpoints every checkpoint_every_s from here
@@ -107,6 +108,9 @@ class Job:
     down_at: float | None = None  # last shrink or eviction for capacity (flap detection)
     overhead: float = 0.0  # periodic-checkpoint share at the current size
     group_gpus: int = field(init=False)
+    # (groups, dp, the RunningGang they make): the capacity planner asks for every running job's
+    # gang at every tick and checkpoint round, and most jobs have not moved since the last time.
+    gang: tuple[list[GroupAssignment], int, RunningGang] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.group_gpus = self.arrival.shape.group_gpus  # read at every event by the accounting
@@ -523,19 +527,23 @@ class Simulation:
         for job in self.active.values():
             if job.state not in ("running", "restoring") or not job.groups:
                 continue
+            cached = job.gang
+            if cached is not None and cached[0] is job.groups and cached[1] == job.dp:
+                gangs.append(cached[2])
+                continue
             per = job.groups_per_replica
             replicas: list[list[tuple[str, int]]] = [[] for _ in range(job.dp)]
             for g in job.groups:
                 replicas[min(g.group // per, job.dp - 1)].extend((n, job.shape.gpus_per_pod) for n in g.nodes)
-            gangs.append(
-                RunningGang(
-                    job.id,
-                    job.arrival.priority,
-                    job.arrival.preemptible,
-                    tuple(tuple(r) for r in replicas),
-                    job.arrival.min_dp,
-                )
+            gang = RunningGang(
+                job.id,
+                job.arrival.priority,
+                job.arrival.preemptible,
+                tuple(tuple(r) for r in replicas),
+                job.arrival.min_dp,
             )
+            job.gang = (job.groups, job.dp, gang)
+            gangs.append(gang)
         return gangs
 
     # -- accounting --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from tidal.placement import (
     PlacementPlan,
     PreemptionPlan,
     RunningGang,
+    Unplaceable,
     apply_plan,
     plan_first_fit,
     plan_gang,
@@ -94,6 +95,10 @@ class Policy:
         Shrunk jobs that may grow back take their turn in the same order."""
         free = sim.snapshot.free_gpus()
         tries = 0
+        # The planner's count of what fits now (room_key), from its last refusal of a request of
+        # that kind in this pass: a request for more is refused without asking. Only allocations
+        # follow in the pass, so the count can only have fallen since.
+        fitting: dict[tuple, int] = {}
         for job in sorted(sim.queue + self.grow_candidates(sim), key=order):
             if tries >= ADMIT_TRIES or free <= 0:
                 break
@@ -108,11 +113,34 @@ class Policy:
                 continue
             tries += 1
             for dp in dps:
-                plan = self.planner(sim.snapshot, job_request(job, dp))
+                request = job_request(job, dp)
+                key, size = self.room_key(request)
+                if size > fitting.get(key, size):
+                    continue
+                plan = self.planner(sim.snapshot, request)
                 if isinstance(plan, PlacementPlan):
                     sim.start(job, plan, dp, split_groups(sim.snapshot, plan))
                     free -= job.gpus_held
                     break
+                fitting[key] = self.room_now(plan)
+
+    @staticmethod
+    def room_key(request: GangRequest) -> tuple[tuple, int]:
+        """What the planner counts for a request and how many it asks for: for plan_gang, groups of
+        its shape (a policy with another planner says what that one counts)."""
+        kind = (
+            request.accelerator,
+            request.group_gpus,
+            request.gpus_per_pod,
+            request.recovery,
+            request.prefer_supernodes,
+        )
+        return kind, request.groups
+
+    @staticmethod
+    def room_now(refusal: Unplaceable) -> int:
+        """How many of room_key's units fit now, by the planner's refusal."""
+        return refusal.groups_fitting_now
 
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
         return 0
@@ -151,6 +179,15 @@ class TopologyOnly(Policy):
 class FirstFit(TopologyOnly):
     name = "first-fit"
     planner = staticmethod(plan_first_fit)
+
+    @staticmethod
+    def room_key(request: GangRequest) -> tuple[tuple, int]:
+        """First fit counts pods of the request's size anywhere, groups aside."""
+        return (request.accelerator, request.gpus_per_pod, request.recovery), request.groups * request.pods_per_group
+
+    @staticmethod
+    def room_now(refusal: Unplaceable) -> int:
+        return refusal.details["pods_fitting_now"]
 
 
 def is_day(sim: Simulation, at: float | None = None) -> bool:
@@ -200,6 +237,9 @@ class Autoscaled(Policy):
 
     def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
         self.tracker = DemandTracker(window=stabilization)
+        # pool -> (workload, time, forecast): a function of the workload's past demand and the
+        # time alone, and grow-back asks for it for every candidate job at every admission pass.
+        self.forecasts: dict[str, tuple[object, float, int]] = {}
 
     def start(self, sim: Simulation) -> None:
         self.tick(sim)
@@ -208,6 +248,14 @@ class Autoscaled(Policy):
         """Replicas needed within the next `forecast_lead_s`: today's demand plus the largest rise
         the previous days showed from this time of day over the lead (the mean over up to
         FORECAST_DAYS days). Only past demand is read."""
+        cached = self.forecasts.get(pool.name)
+        if cached is not None and cached[0] is sim.workload and cached[1] == sim.now:
+            return cached[2]
+        value = self._forecast(sim, pool)
+        self.forecasts[pool.name] = (sim.workload, sim.now, value)
+        return value
+
+    def _forecast(self, sim: Simulation, pool: Pool) -> int:
         days = min(int(sim.now // 86400), FORECAST_DAYS)
         if not days or self.forecast_lead_s <= 0:
             return 0
