@@ -482,3 +482,51 @@ def test_nodes_a_deleted_holder_held_are_free_to_lower_jobs_in_the_same_cycle():
     run(cluster, controller, cycles=1)
     assert cluster.status("TrainingJob", "c", "four-nodes")["phase"] == "Admitted"
     check_sound(cluster)
+
+
+def test_a_pool_grown_in_the_cycle_its_holder_is_deleted_evicts_nothing_for_the_hold():
+    """big (high) waits for v1 on rack A and holds it; big is deleted and in that cycle a pool of
+    4 nodes (mid) is grown, before admission: rack A's free nodes are everyone's again, so the
+    pool goes there and does not evict v2's whole rack B for room it already has."""
+    cluster = FakeCluster("nvl72", 2)
+    for name, value in (("low", 1), ("mid", 50), ("high", 100)):
+        cluster.add_priority_class(name, value)
+    controller = Controller(cluster, FixedClock(NOW))
+    ckpt = {"gracePeriodSeconds": 300}
+    cluster.add("TrainingJob", "b", "v1", rack_job(ep=14, preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "b", "v2", rack_job(ep=18, preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(ep=18, priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert cluster.status("TrainingJob", "b", "v1").get("eviction")
+    del cluster.objects[("TrainingJob", "a", "big")]
+    cluster.add("InferencePool", "c", "p", pool_spec(16, 1, "mid"))
+    run(cluster, controller, cycles=1)
+    assert not cluster.status("TrainingJob", "b", "v2").get("eviction"), "v2 evicted for a deleted holder's nodes"
+    assert cluster.get("InferencePool", "c", "p").status["placedReplicas"] == 1
+    check_sound(cluster)
+
+
+@pytest.mark.parametrize("gone", ["deleted", "suspended"])
+def test_a_holder_that_waits_no_more_frees_its_quota_share_for_pools_in_that_cycle(gone: str):
+    """big holds all 64 GPUs of a's quota while it waits; deleted or suspended, the pool of its
+    namespace grown in the same cycle gets its 16 GPUs (not a false QuotaExceeded)."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    if gone == "deleted":
+        del cluster.objects[("TrainingJob", "a", "big")]
+    else:
+        big = cluster.get("TrainingJob", "a", "big")
+        cluster.objects[("TrainingJob", "a", "big")] = dataclasses.replace(big, spec={**big.spec, "suspend": True})
+    cluster.add("InferencePool", "a", "p", pool_spec(16, 1, "low"))
+    run(cluster, controller, cycles=1)
+    status = cluster.get("InferencePool", "a", "p").status
+    assert status["placedReplicas"] == 1, status.get("reason")
+    check_sound(cluster)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import Clock, SystemClock
-from tidal.k8s.admission import admit_queued
+from tidal.k8s.admission import admit_queued, is_queued
 from tidal.k8s.api import Api
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
@@ -272,6 +272,12 @@ class Controller:
             domains_deleted_before=self.domains_deleted,
             admission_timeout=self.admission_timeout(),
         )
+        # A holder that waits no more (deleted or suspended) frees its nodes and quota share before
+        # anything is planned: pools are grown before admission, which would drop it too late.
+        waiting = {uid for uid, item in statuses.items() if is_queued(*item)}
+        waiting.update(uid for uid, (view, _) in pools.items() if not view.deleting)
+        for uid in [u for u in cyc.held_before if u not in waiting]:
+            cyc.release_hold(uid)
         log.debug(
             "cycle",
             nodes=len(cache.nodes),
