@@ -9,6 +9,7 @@ import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.state import ResourceView
 from tidal.k8s.taints import Taint
 
 from .fake_cluster import FakeCluster
@@ -126,6 +127,79 @@ def test_quota_scoped_to_other_priority_classes_does_not_apply():
     assert cluster.status("TrainingJob", "a", "batch")["phase"] == "Running"
 
 
+LOW_ONLY = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["low"]}]}
+
+
+def test_a_quota_scoped_to_a_priority_class_counts_only_that_classs_gpus():
+    """a/low-gpus (hard 16) is scoped to PriorityClass low: the API server counts only low pods
+    against it, so a 64-GPU high job of the namespace leaves all 16 to a low job; a second low
+    job finds them taken."""
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "low-gpus", {"requests.nvidia.com/gpu": "16"}, scopeSelector=LOW_ONLY)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))  # 64 GPUs
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "big")["phase"] == "Running"
+    cluster.add("TrainingJob", "a", "small", rack_job(ep=4, priorityClassName="low"))  # 16 GPUs
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "a", "small")
+    assert status["phase"] == "Running", status.get("reason")
+    cluster.add("TrainingJob", "a", "more", small_job(priorityClassName="low"))
+    run(cluster, controller)
+    cond = {c["type"]: c for c in cluster.status("TrainingJob", "a", "more")["conditions"]}["Schedulable"]
+    assert cond["reason"] == "QuotaExceeded"
+    assert cond["message"] == "ResourceQuota a/low-gpus: requests.nvidia.com/gpu 16 of 16 in use, 0 left; this needs 8"
+    check_sound(cluster)
+
+
+def test_a_scoped_quota_counts_bookings_holds_and_foreign_pods_of_its_classes_only():
+    """The ledger (foreign pods included), this cycle's bookings and the carried holds are each
+    split by PriorityClass; status.used (already scoped by the API server) stays a floor."""
+    from tidal.k8s.cycle import Hold
+    from tidal.k8s.quota import Quotas, quota_view
+    from tidal.k8s.state import pod_view, resource_view
+
+    quota = quota_view(
+        {
+            "metadata": {"namespace": "a", "name": "low-gpus"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "16"}, "scopeSelector": LOW_ONLY},
+            "status": {"used": {"requests.nvidia.com/gpu": "4"}},
+        }
+    )
+
+    def job(name: str, priority_class: str) -> ResourceView:
+        body = {
+            "metadata": {"namespace": "a", "name": name, "uid": name},
+            "spec": rack_job(priorityClassName=priority_class),
+        }
+        return resource_view({"kind": "TrainingJob", **body})
+
+    tenant = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}], "priorityClassName": "high"}
+    pod = pod_view({"metadata": {"namespace": "a", "name": "tenant"}, "spec": tenant})
+    assert pod.priority_class == "high"
+    quotas = Quotas.build(
+        [quota], held=[("a", "nvidia.com/gpu", 8, pod.priority_class), ("a", "nvidia.com/gpu", 2, "low")]
+    )
+    quotas.carry(
+        {
+            "h": Hold(100, frozenset(), "a", "nvidia.com/gpu", 64, "high"),
+            "l": Hold(100, frozenset(), "a", "nvidia.com/gpu", 4, "low"),
+        },
+        lambda view: 1,
+    )
+    low = job("low-job", "low")
+    assert quotas.room(low) == 8, "16 - (status.used 4 over the ledger's 2 low) - the low hold's 4"
+    quotas.book(job("high-job", "high"), 64)
+    assert quotas.room(low) == 8, "a high booking is not counted by a quota of class low"
+    quotas.book(job("other-low", "low"), 8)
+    assert quotas.room(low) == 0
+    assert quotas.problem(low, 1) == (
+        "ResourceQuota a/low-gpus: requests.nvidia.com/gpu 16 of 16 in use, 0 left; this needs 1"
+    )
+
+
 def test_pool_replicas_stay_within_the_namespaces_gpu_quota():
     cluster = FakeCluster("nvl72", 1)
     cluster.add_quota("serve", "gpus", {"requests.nvidia.com/gpu": "20"})
@@ -153,7 +227,7 @@ def test_two_admissions_in_one_cycle_never_share_the_quotas_room():
             "status": {"used": {"requests.nvidia.com/gpu": "32"}},
         }
     )
-    quotas = Quotas.build([quota], held=[("a", "nvidia.com/gpu", 8)])  # the ledger: 8
+    quotas = Quotas.build([quota], held=[("a", "nvidia.com/gpu", 8, None)])  # the ledger: 8
     job = resource_view(
         {"kind": "TrainingJob", "metadata": {"namespace": "a", "name": "j", "uid": "u"}, "spec": rack_job()}
     )

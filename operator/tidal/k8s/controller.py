@@ -358,15 +358,16 @@ class Controller:
         limited = {q.namespace for q in cache.quotas.values() if q.hard}
         if not limited:
             return Quotas(version=cache.quota_version)
-        held: list[tuple[str, str, int]] = []
+        held: list[tuple[str, str, int, str | None]] = []
         for items, allocs in ((statuses, allocations), (pools, pool_allocations)):
             for view, status in items.values():
                 if view.namespace in limited and not view.deleting:
                     gpus = sum(n for _, n in allocs(view, status))
-                    held.append((view.namespace, view.spec.get("accelerator", "nvidia.com/gpu"), gpus))
+                    accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
+                    held.append((view.namespace, accelerator, gpus, view.spec.get("priorityClassName")))
         for pod in cache.pods.values():
             if pod.owner is None and pod.active and pod.namespace in limited:
-                held.extend((pod.namespace, resource, n) for resource, n in pod.requests.items())
+                held.extend((pod.namespace, resource, n, pod.priority_class) for resource, n in pod.requests.items())
         return Quotas.build(cache.quotas.values(), held, cache.quota_version)
 
     def admission_timeout(self) -> dt.timedelta | None:
