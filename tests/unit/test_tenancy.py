@@ -604,3 +604,25 @@ def test_a_holder_that_waits_no_more_frees_its_quota_share_for_pools_in_that_cyc
     status = cluster.get("InferencePool", "a", "p").status
     assert status["placedReplicas"] == 1, status.get("reason")
     check_sound(cluster)
+
+
+def test_a_holder_planned_again_counts_its_quota_share_once():
+    """big (high) holds 72 of namespace a's 88 GPUs while it waits. The next cycle it is planned
+    again: last cycle's share is dropped before the new one is booked, so a low job of a queued
+    after it still finds the 16 left (not 72 carried + 72 re-booked)."""
+    cluster = FakeCluster("nvl72", 3)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "88"})
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "z", "full", rack_job(ep=18, priorityClassName="serving"))
+    cluster.add("TrainingJob", "z", "most", rack_job(ep=14, priorityClassName="serving"))  # 4 nodes free
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(ep=18, priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    cluster.add("TrainingJob", "a", "small", rack_job(ep=4, priorityClassName="low"))  # 16 GPUs
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption", "big held again"
+    status = cluster.status("TrainingJob", "a", "small")
+    assert status["phase"] == "Admitted", status.get("reason")
+    check_sound(cluster)
