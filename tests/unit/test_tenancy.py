@@ -626,3 +626,44 @@ def test_a_holder_planned_again_counts_its_quota_share_once():
     status = cluster.status("TrainingJob", "a", "small")
     assert status["phase"] == "Admitted", status.get("reason")
     check_sound(cluster)
+
+
+def test_held_nodes_are_flipped_once_per_priority_band_not_once_per_queued_job(monkeypatch: pytest.MonkeyPatch):
+    """big (high) holds the rack's 18 nodes while it waits. 10 low jobs restarting (tried before
+    big: recoveries first) and 10 low jobs pending are queued: the held nodes are made unusable
+    once for the restarting band, and not at all for queued jobs in reconcile (they place
+    nothing there; the pending ones come after big, whose hold is then released). Each job
+    opening its own block flipped the 18 nodes for every queued job."""
+    from tidal.topology.snapshot import ClusterSnapshot
+
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(ep=18, priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert len(held_nodes(controller)) == 18
+    for i in range(10):
+        cluster.add("TrainingJob", "c", f"pending-{i}", rack_job(ep=18, priorityClassName="low"))
+        restarting = cluster.add("TrainingJob", "c", f"restarting-{i}", rack_job(ep=18, priorityClassName="low"))
+        cluster.objects[("TrainingJob", "c", f"restarting-{i}")] = dataclasses.replace(
+            restarting, status={"phase": "Restarting", "pendingSince": "2026-05-01T11:00:00Z"}
+        )
+    flips: list[str] = []
+    update_node = ClusterSnapshot.update_node
+
+    def counted(snapshot: ClusterSnapshot, name: str, **changes: object) -> None:
+        if changes == {"cordoned": True} and snapshot is controller.keeper.snapshot:  # an avoiding block opens
+            flips.append(name)
+        update_node(snapshot, name, **changes)
+
+    monkeypatch.setattr(ClusterSnapshot, "update_node", counted)
+    run(cluster, controller, cycles=1)
+    monkeypatch.undo()
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert {
+        schedulable(cluster, "TrainingJob", "c", f"{k}-{i}") for k in ("pending", "restarting") for i in range(10)
+    } == {"InsufficientFreeCapacity"}
+    # One block for the victim's reconcile (placed, being evicted), one for the restarting band.
+    assert len(flips) == 2 * 18, f"{len(flips)} held nodes made unusable (18 per block)"
+    check_sound(cluster)

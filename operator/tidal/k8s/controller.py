@@ -295,8 +295,11 @@ class Controller:
                 cyc.count("reconciles_skipped")
                 continue
             actions = cyc.actions
+            # Only a placed job places anything here (a queued one waits for admission): flipping
+            # every held node for each queued job cost O(queued x held) a cycle while a hold lasted.
+            held = cyc.held_from(uid, cyc.priorities.of(view)) if holds_gpus(status) else ()
             try:
-                with cyc.avoiding(cyc.held_from(uid, cyc.priorities.of(view))):
+                with cyc.avoiding(held):
                     new = self._reconcile_job(cyc, view, status)
             except Exception:
                 log.exception("reconcile failed", namespace=view.namespace, name=view.name)
