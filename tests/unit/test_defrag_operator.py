@@ -184,3 +184,34 @@ def test_a_mover_that_tolerates_the_taint_is_moved_and_placed_again():
     moved = cluster.status("TrainingJob", "ml", moving[0])
     assert moved["phase"] == "Running" and _racks_of(cluster, moving[0]).isdisjoint(old_rack), moved
     check_sound(cluster)
+
+
+def test_a_mover_is_verified_on_tainted_nodes_only_it_tolerates():
+    """Every small job tolerates the taint, the blocked gang does not. Untainted free nodes: the 14
+    beside small-0 (the gang's rack once small-0 leaves) and 3 on each of small-1's and small-2's
+    racks, so under the gang's own flags small-0 has no rack to go back to. It must be verified
+    under its own tolerations (MovableGang.untainted: the tainted free nodes of the other racks),
+    or the one move that unblocks the gang is never made."""
+    cluster, controller, _ = scattered(templates=[TOLERANT] * RACKS)
+    used = {
+        n
+        for i in range(RACKS)
+        for g in cluster.status("TrainingJob", "ml", f"small-{i}")["placement"]
+        for n in g["nodes"]
+    }
+    for name in list(cluster.nodes):
+        if name not in used:
+            cluster.nodes[name] = dataclasses.replace(
+                cluster.nodes[name], taints=(Taint("dedicated", "a", "NoSchedule"),)
+            )
+    for job, count in (("small-0", 14), ("small-1", 3), ("small-2", 3)):
+        rack = sorted(_racks_of(cluster, job))[0]
+        free = sorted(n for n in cluster.nodes if n not in used and n.startswith(rack + "-"))
+        for name in free[:count]:
+            cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], taints=())
+    run(cluster, controller)
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
+    run(cluster, controller, cycles=2)
+    moving = [f"small-{i}" for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
+    assert moving == ["small-0"], moving
+    check_sound(cluster)

@@ -9,6 +9,7 @@ import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.state import ResourceView
 from tidal.k8s.taints import Taint
 
 from .fake_cluster import FakeCluster
@@ -126,6 +127,79 @@ def test_quota_scoped_to_other_priority_classes_does_not_apply():
     assert cluster.status("TrainingJob", "a", "batch")["phase"] == "Running"
 
 
+LOW_ONLY = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["low"]}]}
+
+
+def test_a_quota_scoped_to_a_priority_class_counts_only_that_classs_gpus():
+    """a/low-gpus (hard 16) is scoped to PriorityClass low: the API server counts only low pods
+    against it, so a 64-GPU high job of the namespace leaves all 16 to a low job; a second low
+    job finds them taken."""
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "low-gpus", {"requests.nvidia.com/gpu": "16"}, scopeSelector=LOW_ONLY)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))  # 64 GPUs
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "a", "big")["phase"] == "Running"
+    cluster.add("TrainingJob", "a", "small", rack_job(ep=4, priorityClassName="low"))  # 16 GPUs
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "a", "small")
+    assert status["phase"] == "Running", status.get("reason")
+    cluster.add("TrainingJob", "a", "more", small_job(priorityClassName="low"))
+    run(cluster, controller)
+    cond = {c["type"]: c for c in cluster.status("TrainingJob", "a", "more")["conditions"]}["Schedulable"]
+    assert cond["reason"] == "QuotaExceeded"
+    assert cond["message"] == "ResourceQuota a/low-gpus: requests.nvidia.com/gpu 16 of 16 in use, 0 left; this needs 8"
+    check_sound(cluster)
+
+
+def test_a_scoped_quota_counts_bookings_holds_and_foreign_pods_of_its_classes_only():
+    """The ledger (foreign pods included), this cycle's bookings and the carried holds are each
+    split by PriorityClass; status.used (already scoped by the API server) stays a floor."""
+    from tidal.k8s.cycle import Hold
+    from tidal.k8s.quota import Quotas, quota_view
+    from tidal.k8s.state import pod_view, resource_view
+
+    quota = quota_view(
+        {
+            "metadata": {"namespace": "a", "name": "low-gpus"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "16"}, "scopeSelector": LOW_ONLY},
+            "status": {"used": {"requests.nvidia.com/gpu": "4"}},
+        }
+    )
+
+    def job(name: str, priority_class: str) -> ResourceView:
+        body = {
+            "metadata": {"namespace": "a", "name": name, "uid": name},
+            "spec": rack_job(priorityClassName=priority_class),
+        }
+        return resource_view({"kind": "TrainingJob", **body})
+
+    tenant = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}], "priorityClassName": "high"}
+    pod = pod_view({"metadata": {"namespace": "a", "name": "tenant"}, "spec": tenant})
+    assert pod.priority_class == "high"
+    quotas = Quotas.build(
+        [quota], held=[("a", "nvidia.com/gpu", 8, pod.priority_class), ("a", "nvidia.com/gpu", 2, "low")]
+    )
+    quotas.carry(
+        {
+            "h": Hold(100, frozenset(), "a", "nvidia.com/gpu", 64, "high"),
+            "l": Hold(100, frozenset(), "a", "nvidia.com/gpu", 4, "low"),
+        },
+        lambda view: 1,
+    )
+    low = job("low-job", "low")
+    assert quotas.room(low) == 8, "16 - (status.used 4 over the ledger's 2 low) - the low hold's 4"
+    quotas.book(job("high-job", "high"), 64)
+    assert quotas.room(low) == 8, "a high booking is not counted by a quota of class low"
+    quotas.book(job("other-low", "low"), 8)
+    assert quotas.room(low) == 0
+    assert quotas.problem(low, 1) == (
+        "ResourceQuota a/low-gpus: requests.nvidia.com/gpu 16 of 16 in use, 0 left; this needs 1"
+    )
+
+
 def test_pool_replicas_stay_within_the_namespaces_gpu_quota():
     cluster = FakeCluster("nvl72", 1)
     cluster.add_quota("serve", "gpus", {"requests.nvidia.com/gpu": "20"})
@@ -153,7 +227,7 @@ def test_two_admissions_in_one_cycle_never_share_the_quotas_room():
             "status": {"used": {"requests.nvidia.com/gpu": "32"}},
         }
     )
-    quotas = Quotas.build([quota], held=[("a", "nvidia.com/gpu", 8)])  # the ledger: 8
+    quotas = Quotas.build([quota], held=[("a", "nvidia.com/gpu", 8, None)])  # the ledger: 8
     job = resource_view(
         {"kind": "TrainingJob", "metadata": {"namespace": "a", "name": "j", "uid": "u"}, "spec": rack_job()}
     )
@@ -481,4 +555,115 @@ def test_nodes_a_deleted_holder_held_are_free_to_lower_jobs_in_the_same_cycle():
     cluster.add("TrainingJob", "c", "four-nodes", rack_job(ep=4, priorityClassName="low"))  # 16 GPUs
     run(cluster, controller, cycles=1)
     assert cluster.status("TrainingJob", "c", "four-nodes")["phase"] == "Admitted"
+    check_sound(cluster)
+
+
+def test_a_pool_grown_in_the_cycle_its_holder_is_deleted_evicts_nothing_for_the_hold():
+    """big (high) waits for v1 on rack A and holds it; big is deleted and in that cycle a pool of
+    4 nodes (mid) is grown, before admission: rack A's free nodes are everyone's again, so the
+    pool goes there and does not evict v2's whole rack B for room it already has."""
+    cluster = FakeCluster("nvl72", 2)
+    for name, value in (("low", 1), ("mid", 50), ("high", 100)):
+        cluster.add_priority_class(name, value)
+    controller = Controller(cluster, FixedClock(NOW))
+    ckpt = {"gracePeriodSeconds": 300}
+    cluster.add("TrainingJob", "b", "v1", rack_job(ep=14, preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "b", "v2", rack_job(ep=18, preemptible=True, priorityClassName="low", checkpoint=ckpt))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(ep=18, priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert cluster.status("TrainingJob", "b", "v1").get("eviction")
+    del cluster.objects[("TrainingJob", "a", "big")]
+    cluster.add("InferencePool", "c", "p", pool_spec(16, 1, "mid"))
+    run(cluster, controller, cycles=1)
+    assert not cluster.status("TrainingJob", "b", "v2").get("eviction"), "v2 evicted for a deleted holder's nodes"
+    assert cluster.get("InferencePool", "c", "p").status["placedReplicas"] == 1
+    check_sound(cluster)
+
+
+@pytest.mark.parametrize("gone", ["deleted", "suspended"])
+def test_a_holder_that_waits_no_more_frees_its_quota_share_for_pools_in_that_cycle(gone: str):
+    """big holds all 64 GPUs of a's quota while it waits; deleted or suspended, the pool of its
+    namespace grown in the same cycle gets its 16 GPUs (not a false QuotaExceeded)."""
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    if gone == "deleted":
+        del cluster.objects[("TrainingJob", "a", "big")]
+    else:
+        big = cluster.get("TrainingJob", "a", "big")
+        cluster.objects[("TrainingJob", "a", "big")] = dataclasses.replace(big, spec={**big.spec, "suspend": True})
+    cluster.add("InferencePool", "a", "p", pool_spec(16, 1, "low"))
+    run(cluster, controller, cycles=1)
+    status = cluster.get("InferencePool", "a", "p").status
+    assert status["placedReplicas"] == 1, status.get("reason")
+    check_sound(cluster)
+
+
+def test_a_holder_planned_again_counts_its_quota_share_once():
+    """big (high) holds 72 of namespace a's 88 GPUs while it waits. The next cycle it is planned
+    again: last cycle's share is dropped before the new one is booked, so a low job of a queued
+    after it still finds the 16 left (not 72 carried + 72 re-booked)."""
+    cluster = FakeCluster("nvl72", 3)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "88"})
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "z", "full", rack_job(ep=18, priorityClassName="serving"))
+    cluster.add("TrainingJob", "z", "most", rack_job(ep=14, priorityClassName="serving"))  # 4 nodes free
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(ep=18, priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    cluster.add("TrainingJob", "a", "small", rack_job(ep=4, priorityClassName="low"))  # 16 GPUs
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption", "big held again"
+    status = cluster.status("TrainingJob", "a", "small")
+    assert status["phase"] == "Admitted", status.get("reason")
+    check_sound(cluster)
+
+
+def test_held_nodes_are_flipped_once_per_priority_band_not_once_per_queued_job(monkeypatch: pytest.MonkeyPatch):
+    """big (high) holds the rack's 18 nodes while it waits. 10 low jobs restarting (tried before
+    big: recoveries first) and 10 low jobs pending are queued: the held nodes are made unusable
+    once for the restarting band, and not at all for queued jobs in reconcile (they place
+    nothing there; the pending ones come after big, whose hold is then released). Each job
+    opening its own block flipped the 18 nodes for every queued job."""
+    from tidal.topology.snapshot import ClusterSnapshot
+
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    rack_with_room_for_four_nodes(cluster, controller)
+    cluster.add("TrainingJob", "a", "big", rack_job(ep=18, priorityClassName="high"))
+    run(cluster, controller, cycles=1)
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert len(held_nodes(controller)) == 18
+    for i in range(10):
+        cluster.add("TrainingJob", "c", f"pending-{i}", rack_job(ep=18, priorityClassName="low"))
+        restarting = cluster.add("TrainingJob", "c", f"restarting-{i}", rack_job(ep=18, priorityClassName="low"))
+        cluster.objects[("TrainingJob", "c", f"restarting-{i}")] = dataclasses.replace(
+            restarting, status={"phase": "Restarting", "pendingSince": "2026-05-01T11:00:00Z"}
+        )
+    flips: list[str] = []
+    update_node = ClusterSnapshot.update_node
+
+    def counted(snapshot: ClusterSnapshot, name: str, **changes: object) -> None:
+        if changes == {"cordoned": True} and snapshot is controller.keeper.snapshot:  # an avoiding block opens
+            flips.append(name)
+        update_node(snapshot, name, **changes)
+
+    monkeypatch.setattr(ClusterSnapshot, "update_node", counted)
+    run(cluster, controller, cycles=1)
+    monkeypatch.undo()
+    assert schedulable(cluster, "TrainingJob", "a", "big") == "WaitingForPreemption"
+    assert {
+        schedulable(cluster, "TrainingJob", "c", f"{k}-{i}") for k in ("pending", "restarting") for i in range(10)
+    } == {"InsufficientFreeCapacity"}
+    # One block for the victim's reconcile (placed, being evicted), one for the restarting band.
+    assert len(flips) == 2 * 18, f"{len(flips)} held nodes made unusable (18 per block)"
     check_sound(cluster)

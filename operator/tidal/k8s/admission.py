@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 from tidal.clock import parse_time
@@ -133,24 +134,57 @@ def admit_queued(
     queued = {view.uid for view, _ in queue}
     for uid in [u for u in cyc.held_before if u not in queued]:
         cyc.release_hold(uid)  # deleted, suspended, or a pool (planned again already): it waits no more
-    for view, status in queue:
-        mark = retry_mark(cyc, view, status)
-        if cyc.pending_memo.get(view.uid) == mark:
-            cyc.count("queue_skipped")  # nothing that could change its answer has moved
-            continue
-        cyc.release_hold(view.uid)
-        with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
+    with _HeldNodes(cyc) as held:
+        for view, status in queue:
+            mark = retry_mark(cyc, view, status)
+            if cyc.pending_memo.get(view.uid) == mark:
+                cyc.count("queue_skipped")  # nothing that could change its answer has moved
+                continue
+            cyc.release_hold(view.uid)
+            held.avoid(view.uid, cyc.priorities.of(view))
             new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
-        statuses[view.uid] = (view, new_status)
-        if holds_gpus(new_status):
-            cyc.pending_memo.pop(view.uid, None)
-            new_status = reconcile_placed(cyc, view, new_status)
             statuses[view.uid] = (view, new_status)
-        elif _schedulable_reason(new_status) in WAITING:
-            cyc.pending_memo.pop(view.uid, None)  # re-planned every cycle: it reserves its nodes
-        else:
-            cyc.pending_memo[view.uid] = mark
-        cyc.write_status(view, new_status)
+            if holds_gpus(new_status):
+                cyc.pending_memo.pop(view.uid, None)
+                held.close()  # as before: an admitted job's pods and groups are planned without the holds
+                new_status = reconcile_placed(cyc, view, new_status)
+                statuses[view.uid] = (view, new_status)
+            elif _schedulable_reason(new_status) in WAITING:
+                cyc.pending_memo.pop(view.uid, None)  # re-planned every cycle: it reserves its nodes
+            else:
+                cyc.pending_memo[view.uid] = mark
+            cyc.write_status(view, new_status)
+
+
+class _HeldNodes:
+    """One `Cycle.avoiding` block of held nodes kept open across consecutive queued jobs that may
+    not take the same holds. The queue is in priority order, so that set changes about once per
+    priority band (or when a holder is planned again): opening a block per job flipped every held
+    node for every queued job tried, O(queued x held) a cycle."""
+
+    def __init__(self, cyc: Cycle) -> None:
+        self.cyc = cyc
+        self.stack = ExitStack()
+        self.holders: frozenset[str] | None = None
+
+    def __enter__(self) -> _HeldNodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def avoid(self, uid: str, priority: int) -> None:
+        """Make the nodes held from this job (`Cycle.held_from`) unusable until the next call or `close`."""
+        cyc = self.cyc
+        holders = frozenset(h for h, hold in cyc.held_before.items() if h != uid and hold.priority >= priority)
+        if holders != self.holders:
+            self.close()
+            self.stack.enter_context(cyc.avoiding(cyc.held_from(uid, priority)))
+            self.holders = holders
+
+    def close(self) -> None:
+        self.stack.close()
+        self.holders = None
 
 
 def retry_mark(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> tuple:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import Clock, SystemClock
-from tidal.k8s.admission import admit_queued
+from tidal.k8s.admission import admit_queued, is_queued
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
@@ -303,6 +303,12 @@ class Controller:
             domains_deleted_before=self.domains_deleted,
             admission_timeout=self.admission_timeout(),
         )
+        # A holder that waits no more (deleted or suspended) frees its nodes and quota share before
+        # anything is planned: pools are grown before admission, which would drop it too late.
+        waiting = {uid for uid, item in statuses.items() if is_queued(*item)}
+        waiting.update(uid for uid, (view, _) in pools.items() if not view.deleting)
+        for uid in [u for u in cyc.held_before if u not in waiting]:
+            cyc.release_hold(uid)
         log.debug(
             "cycle",
             nodes=len(cache.nodes),
@@ -320,8 +326,11 @@ class Controller:
                 cyc.count("reconciles_skipped")
                 continue
             actions = cyc.actions
+            # Only a placed job places anything here (a queued one waits for admission): flipping
+            # every held node for each queued job cost O(queued x held) a cycle while a hold lasted.
+            held = cyc.held_from(uid, cyc.priorities.of(view)) if holds_gpus(status) else ()
             try:
-                with cyc.avoiding(cyc.held_from(uid, cyc.priorities.of(view))):
+                with cyc.avoiding(held):
                     new = self._reconcile_job(cyc, view, status)
             except Exception:
                 log.exception("reconcile failed", namespace=view.namespace, name=view.name)
@@ -385,15 +394,16 @@ class Controller:
         limited = {q.namespace for q in cache.quotas.values() if q.hard}
         if not limited:
             return Quotas(version=cache.quota_version)
-        held: list[tuple[str, str, int]] = []
+        held: list[tuple[str, str, int, str | None]] = []
         for items, allocs in ((statuses, allocations), (pools, pool_allocations)):
             for view, status in items.values():
                 if view.namespace in limited and not view.deleting:
                     gpus = sum(n for _, n in allocs(view, status))
-                    held.append((view.namespace, view.spec.get("accelerator", "nvidia.com/gpu"), gpus))
+                    accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
+                    held.append((view.namespace, accelerator, gpus, view.spec.get("priorityClassName")))
         for pod in cache.pods.values():
             if pod.owner is None and pod.active and pod.namespace in limited:
-                held.extend((pod.namespace, resource, n) for resource, n in pod.requests.items())
+                held.extend((pod.namespace, resource, n, pod.priority_class) for resource, n in pod.requests.items())
         return Quotas.build(cache.quotas.values(), held, cache.quota_version)
 
     def admission_timeout(self) -> dt.timedelta | None:

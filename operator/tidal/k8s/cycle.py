@@ -86,6 +86,8 @@ class Hold:
     namespace: str = ""
     accelerator: str = "nvidia.com/gpu"
     gpus: int = 0
+    priority_class: str | None = None
+    """Its spec.priorityClassName: the quotas scoped to that class are the ones its share counts in."""
 
 
 @dataclass
@@ -258,7 +260,14 @@ class Cycle:
         self.quotas.book(view, gpus)
         accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
         priority = self.priorities.of(view)
-        self.holds[view.uid] = Hold(priority, frozenset(gpus_by_node), view.namespace or "", accelerator, gpus)
+        self.holds[view.uid] = Hold(
+            priority,
+            frozenset(gpus_by_node),
+            view.namespace or "",
+            accelerator,
+            gpus,
+            view.spec.get("priorityClassName"),
+        )
 
     def release_hold(self, uid: str) -> None:
         """The holder is being planned again (or is no longer waiting): what it held last cycle is

@@ -9,7 +9,8 @@ also caps the namespace's non-tidal GPU pods.
 
 Usage is tidal's own ledger, not only the quota's status.used: GPUs booked by the namespace's
 placed workloads (before their pods exist), plus its other active GPU pods, and at least what the
-API server last counted (status.used, which includes pods still terminating).
+API server last counted (status.used, which includes pods still terminating). Each count is kept by
+PriorityClass, so a quota scoped to classes sums only what its scope selects, as the API server does.
 """
 
 from __future__ import annotations
@@ -82,49 +83,55 @@ def applies(quota: QuotaView, priority_class: str | None) -> bool:
     return True
 
 
+Counts = dict[tuple[str, str], Counter[str | None]]
+"""(namespace, requests.<accelerator>) -> GPUs by the PriorityClass named by the workload or pod
+holding them (None: none named): a quota scoped to classes counts only theirs, as the API server
+does (its status.used is already scoped)."""
+
+
 @dataclass
 class Quotas:
     """The namespaces' quotas and GPUs in use, booked into as the cycle admits."""
 
     quotas: dict[str, list[QuotaView]] = field(default_factory=dict)
     """Namespace -> its quotas that limit some extended resource."""
-    used: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(namespace, requests.<accelerator>) -> GPUs booked or held there when the cycle began."""
-    booked: Counter[tuple[str, str]] = field(default_factory=Counter)
+    used: Counts = field(default_factory=dict)
+    """GPUs booked or held when the cycle began."""
+    booked: Counts = field(default_factory=dict)
     """GPUs admitted by this cycle: added on top of whichever count is higher, the ledger or the
     quota's own status.used (which may count terminating pods), so two admissions in one cycle
     never both fit into the same room."""
     version: int = 0
-    held: dict[str, tuple[int, tuple[str, str], int]] = field(default_factory=dict)
-    """Holder uid -> (priority, (namespace, requests.<accelerator>), GPUs): last cycle's quota
-    shares of workloads waiting for their victims, counted for every workload whose priority is
-    not above the holder's until the holder is planned again (`release_hold`). The share has no
-    placement yet, so the ledger rebuilt from placements does not count it."""
+    held: dict[str, tuple[int, tuple[str, str], int, str | None]] = field(default_factory=dict)
+    """Holder uid -> (priority, (namespace, requests.<accelerator>), GPUs, PriorityClass): last
+    cycle's quota shares of workloads waiting for their victims, counted for every workload whose
+    priority is not above the holder's until the holder is planned again (`release_hold`). The
+    share has no placement yet, so the ledger rebuilt from placements does not count it."""
     priority_of: Callable[[ResourceView], int] = lambda view: 0
 
     @classmethod
     def build(
         cls,
         quotas: Iterable[QuotaView],
-        held: Iterable[tuple[str, str, int]],
+        held: Iterable[tuple[str, str, int, str | None]],
         version: int = 0,
     ) -> Quotas:
-        """`held`: (namespace, accelerator, GPUs) of every booking and foreign GPU pod."""
+        """`held`: (namespace, accelerator, GPUs, PriorityClass) of every booking and foreign GPU pod."""
         by_ns: dict[str, list[QuotaView]] = {}
         for q in quotas:
             if q.hard:
                 by_ns.setdefault(q.namespace, []).append(q)
-        used: Counter[tuple[str, str]] = Counter()
-        for namespace, accelerator, gpus in held:
+        used: Counts = {}
+        for namespace, accelerator, gpus, priority_class in held:
             if namespace in by_ns:
-                used[(namespace, REQUESTS + accelerator)] += gpus
+                used.setdefault((namespace, REQUESTS + accelerator), Counter())[priority_class] += gpus
         return cls(by_ns, used, version=version)
 
     def carry(self, holds: Mapping[str, Hold], priority_of: Callable[[ResourceView], int]) -> None:
         """Count last cycle's holds (`Cycle.held_before`) in quota-limited namespaces."""
         self.priority_of = priority_of
         self.held = {
-            uid: (h.priority, (h.namespace, REQUESTS + h.accelerator), h.gpus)
+            uid: (h.priority, (h.namespace, REQUESTS + h.accelerator), h.gpus, h.priority_class)
             for uid, h in holds.items()
             if h.gpus and self.limited(h.namespace)
         }
@@ -162,15 +169,16 @@ class Quotas:
         return left
 
     def _in_use(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> int:
+        where = (namespace, key)
         return (
-            max(self.used[(namespace, key)], q.used.get(key, 0))
-            + self.booked[(namespace, key)]
-            + self._held_for(namespace, key, view)
+            max(_scoped(self.used.get(where), q), q.used.get(key, 0))
+            + _scoped(self.booked.get(where), q)
+            + self._held_for(where, q, view)
         )
 
-    def _held_for(self, namespace: str, key: str, view: ResourceView) -> int:
+    def _held_for(self, where: tuple[str, str], q: QuotaView, view: ResourceView) -> int:
         """Carried holds of others `view` does not outrank (a holder keeps its share from equals too)."""
-        shares = [(p, g) for uid, (p, k, g) in self.held.items() if k == (namespace, key) and uid != view.uid]
+        shares = [(p, g) for uid, (p, k, g, c) in self.held.items() if k == where and uid != view.uid and applies(q, c)]
         if not shares:
             return 0
         priority = self.priority_of(view)
@@ -178,4 +186,10 @@ class Quotas:
 
     def book(self, view: ResourceView, gpus: int) -> None:
         if self.limited(view.namespace):
-            self.booked[(view.namespace or "", REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu"))] += gpus
+            where = (view.namespace or "", REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu"))
+            self.booked.setdefault(where, Counter())[view.spec.get("priorityClassName")] += gpus
+
+
+def _scoped(counts: Counter[str | None] | None, q: QuotaView) -> int:
+    """The GPUs of `counts` that the quota's scope selects."""
+    return sum(n for priority_class, n in counts.items() if applies(q, priority_class)) if counts else 0

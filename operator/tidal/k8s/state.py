@@ -60,6 +60,8 @@ class PodView:
     owner_uid: str = ""
     """uid of the controlling workload: a pod of an earlier workload of the same name (deleted and
     made again) is not this one's, even before the garbage collector has removed it."""
+    priority_class: str | None = None
+    """spec.priorityClassName: which PriorityClass-scoped quotas count the pod."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -181,6 +183,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         requests=requests,
         owner=owner,
         owner_uid=controller[2] if controller else "",
+        priority_class=spec.get("priorityClassName"),
         group=int(group) if group is not None and group.isdigit() else None,
         labels=pod_labels,
         annotations=dict(meta.get("annotations") or {}),
