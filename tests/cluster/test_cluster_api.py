@@ -117,6 +117,11 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             "must not be set",
         ),
         (
+            training_job("tpl-deadline", template=pod_spec(activeDeadlineSeconds=3600)),
+            "spec.template.spec.activeDeadlineSeconds",
+            "must not be set: the kubelet would kill",
+        ),
+        (
             training_job(
                 "tpl-claims", template=pod_spec(resourceClaims=[{"name": "g", "resourceClaimTemplateName": "gpus"}])
             ),

@@ -116,6 +116,7 @@ def test_supernode_defaults():
         ({"nodeName": "n0"}, "spec.template.spec.nodeName: must not be set"),
         ({"nodeSelector": {"gpu": "h100"}}, "spec.template.spec.nodeSelector: must not be set"),
         ({"schedulingGates": [{"name": "mine"}]}, "spec.template.spec.schedulingGates: must not be set"),
+        ({"activeDeadlineSeconds": 3600}, "spec.template.spec.activeDeadlineSeconds: must not be set: the kubelet"),
         (
             {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}]},
             "spec.template.spec.resourceClaims: must not be set: a DRA claim takes devices",

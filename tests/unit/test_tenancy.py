@@ -154,6 +154,29 @@ def test_a_quota_scoped_to_a_priority_class_counts_only_that_classs_gpus():
     check_sound(cluster)
 
 
+def test_a_workload_without_a_class_counts_under_the_global_default_for_scoped_quotas():
+    """The API server gives the pods of a workload without spec.priorityClassName the globalDefault
+    class's name, and a quota scoped to that class counts them: tidal checks the whole gang
+    against it first (else half the gang would be created and the rest refused), and a quota
+    scoped to other classes leaves it alone."""
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add_priority_class("low", 1, global_default=True)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "low-gpus", {"requests.nvidia.com/gpu": "16"}, scopeSelector=LOW_ONLY)
+    high_only = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}
+    cluster.add_quota("b", "high-gpus", {"requests.nvidia.com/gpu": "0"}, scopeSelector=high_only)
+    controller = Controller(cluster, FixedClock(NOW))
+    cluster.add("TrainingJob", "a", "unnamed", rack_job(ep=8))  # 32 GPUs, no class
+    cluster.add("TrainingJob", "b", "free", rack_job(ep=8))  # no class: low, so not under b's quota
+    run(cluster, controller)
+    cond = {c["type"]: c for c in cluster.status("TrainingJob", "a", "unnamed")["conditions"]}["Schedulable"]
+    assert cond["reason"] == "QuotaExceeded", cond
+    assert cond["message"] == "ResourceQuota a/low-gpus: requests.nvidia.com/gpu 0 of 16 in use, 16 left; this needs 32"
+    assert not cluster.pods_of("tidal.dev/job", "unnamed")
+    assert cluster.status("TrainingJob", "b", "free")["phase"] == "Running"
+    check_sound(cluster)
+
+
 def test_a_scoped_quota_counts_bookings_holds_and_foreign_pods_of_its_classes_only():
     """The ledger (foreign pods included), this cycle's bookings and the carried holds are each
     split by PriorityClass; status.used (already scoped by the API server) stays a floor."""

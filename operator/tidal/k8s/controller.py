@@ -395,16 +395,18 @@ class Controller:
         if not limited:
             return Quotas(version=cache.quota_version)
         held: list[tuple[str, str, int, str | None]] = []
+        priorities = self.priorities()
         for items, allocs in ((statuses, allocations), (pools, pool_allocations)):
             for view, status in items.values():
                 if view.namespace in limited and not view.deleting:
                     gpus = sum(n for _, n in allocs(view, status))
                     accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
-                    held.append((view.namespace, accelerator, gpus, view.spec.get("priorityClassName")))
+                    held.append((view.namespace, accelerator, gpus, priorities.class_name(view)))
         for pod in cache.pods.values():
             if pod.owner is None and pod.active and pod.namespace in limited:
-                held.extend((pod.namespace, resource, n, pod.priority_class) for resource, n in pod.requests.items())
-        return Quotas.build(cache.quotas.values(), held, cache.quota_version)
+                # An empty name is no class to the API server too.
+                held.extend((pod.namespace, r, n, pod.priority_class or None) for r, n in pod.requests.items())
+        return Quotas.build(cache.quotas.values(), held, cache.quota_version, priorities.class_name)
 
     def admission_timeout(self) -> dt.timedelta | None:
         seconds = self.settings.admission_timeout_seconds

@@ -87,7 +87,7 @@ class Hold:
     accelerator: str = "nvidia.com/gpu"
     gpus: int = 0
     priority_class: str | None = None
-    """Its spec.priorityClassName: the quotas scoped to that class are the ones its share counts in."""
+    """The class its pods get (its own, else the globalDefault): quotas scoped to it count its share."""
 
 
 @dataclass
@@ -266,7 +266,7 @@ class Cycle:
             view.namespace or "",
             accelerator,
             gpus,
-            view.spec.get("priorityClassName"),
+            self.priorities.class_name(view),
         )
 
     def release_hold(self, uid: str) -> None:

@@ -55,6 +55,16 @@ class Priorities:
         Priority admission picks), else 0."""
         return max((c.value for c in self.classes.values() if c.global_default), default=0)
 
+    def class_name(self, view: ResourceView) -> str | None:
+        """The PriorityClass the API server gives the workload's pods: its own, else the
+        globalDefault class's name (the highest value, as the Priority admission plugin picks),
+        else none. ResourceQuotas scoped by PriorityClass count the pods under that name."""
+        name = view.spec.get("priorityClassName")
+        if name:
+            return name
+        defaults = [c for c in self.classes.values() if c.global_default]
+        return max(defaults, key=lambda c: (c.value, c.name)).name if defaults else None
+
     def of(self, view: ResourceView) -> int:
         name = view.spec.get("priorityClassName")
         if name:

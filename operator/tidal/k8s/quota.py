@@ -108,6 +108,9 @@ class Quotas:
     priority is not above the holder's until the holder is planned again (`release_hold`). The
     share has no placement yet, so the ledger rebuilt from placements does not count it."""
     priority_of: Callable[[ResourceView], int] = lambda view: 0
+    class_of: Callable[[ResourceView], str | None] = lambda view: view.spec.get("priorityClassName") or None
+    """The PriorityClass a workload's pods get (`Priorities.class_name`: a workload without one gets
+    the globalDefault class's name from the API server, and scoped quotas count it there)."""
 
     @classmethod
     def build(
@@ -115,6 +118,7 @@ class Quotas:
         quotas: Iterable[QuotaView],
         held: Iterable[tuple[str, str, int, str | None]],
         version: int = 0,
+        class_of: Callable[[ResourceView], str | None] | None = None,
     ) -> Quotas:
         """`held`: (namespace, accelerator, GPUs, PriorityClass) of every booking and foreign GPU pod."""
         by_ns: dict[str, list[QuotaView]] = {}
@@ -125,7 +129,10 @@ class Quotas:
         for namespace, accelerator, gpus, priority_class in held:
             if namespace in by_ns:
                 used.setdefault((namespace, REQUESTS + accelerator), Counter())[priority_class] += gpus
-        return cls(by_ns, used, version=version)
+        out = cls(by_ns, used, version=version)
+        if class_of is not None:
+            out.class_of = class_of
+        return out
 
     def carry(self, holds: Mapping[str, Hold], priority_of: Callable[[ResourceView], int]) -> None:
         """Count last cycle's holds (`Cycle.held_before`) in quota-limited namespaces."""
@@ -147,7 +154,7 @@ class Quotas:
         namespace = view.namespace or ""
         key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
         for q in self.quotas.get(namespace, ()):
-            if key not in q.hard or not applies(q, view.spec.get("priorityClassName")):
+            if key not in q.hard or not applies(q, self.class_of(view)):
                 continue
             used = self._in_use(namespace, key, q, view)
             if used + gpus > q.hard[key]:
@@ -163,7 +170,7 @@ class Quotas:
         key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
         left = None
         for q in self.quotas.get(namespace, ()):
-            if key in q.hard and applies(q, view.spec.get("priorityClassName")):
+            if key in q.hard and applies(q, self.class_of(view)):
                 free = max(q.hard[key] - self._in_use(namespace, key, q, view), 0)
                 left = free if left is None else min(left, free)
         return left
@@ -187,7 +194,7 @@ class Quotas:
     def book(self, view: ResourceView, gpus: int) -> None:
         if self.limited(view.namespace):
             where = (view.namespace or "", REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu"))
-            self.booked.setdefault(where, Counter())[view.spec.get("priorityClassName")] += gpus
+            self.booked.setdefault(where, Counter())[self.class_of(view)] += gpus
 
 
 def _scoped(counts: Counter[str | None] | None, q: QuotaView) -> int:

@@ -81,6 +81,12 @@ class Affinity(PassThrough):
     node_affinity: NodeAffinity | None = Field(default=None, description="Node affinity.")
 
 
+DEADLINE_WHY = (
+    "the kubelet would kill the gang's pods at the deadline, and a ResourceQuota scoped Terminating "
+    "would count them where tidal's whole-gang quota check does not"
+)
+
+
 class PodSpecFields(PassThrough):
     """The pod spec; only the fields tidal owns or reads are declared."""
 
@@ -113,6 +119,7 @@ class PodSpecFields(PassThrough):
         description="Must not be set: a DRA claim takes devices tidal never booked; tidal adds the "
         "ComputeDomain channel claim itself.",
     )
+    active_deadline_seconds: int | None = Field(default=None, description=f"Must not be set: {DEADLINE_WHY}.")
 
 
 class PodTemplate(PassThrough):
@@ -147,6 +154,8 @@ def template_problems(template: PodTemplate, accelerator: str) -> list[str]:
             )
     if spec.resource_claims:
         out.append(f"spec.template.spec.resourceClaims: must not be set: {CLAIMS_WHY}")
+    if spec.active_deadline_seconds is not None:
+        out.append(f"spec.template.spec.activeDeadlineSeconds: must not be set: {DEADLINE_WHY}")
     node_affinity = spec.affinity.node_affinity if spec.affinity else None
     if node_affinity and node_affinity.required_during_scheduling_ignored_during_execution:
         out.append(
@@ -200,6 +209,7 @@ def template_rules() -> list[dict[str, str]]:
         absent("priorityClassName", "set spec.priorityClassName; tidal gives it to every pod", '{f} == ""'),
         absent("priority", "set spec.priorityClassName; tidal gives it to every pod"),
         absent("resourceClaims", CLAIMS_WHY, "size({f}) == 0"),
+        absent("activeDeadlineSeconds", DEADLINE_WHY),
         {
             "rule": f"!has({_T}) || !has({_T}.affinity) || !has({_T}.affinity.nodeAffinity) || "
             f"!has({_T}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)",
