@@ -72,9 +72,9 @@ class CycleReport:
     decide_seconds: float = 0.0
     """Reconcile, rebalance and admission: the plan of actions (no API call is made)."""
     write_seconds: float = 0.0
+    """Applying the plan: statuses, events, pod and Service calls."""
     supernodes_seconds: float = 0.0
     """Writing the Supernode statuses that changed (after the plan)."""
-    """Applying the plan: statuses, events, pod and Service calls."""
     applied: Applied | None = None
     overbooked_gpus: int = 0
 
@@ -404,8 +404,7 @@ class Controller:
                     held.append((view.namespace, accelerator, gpus, priorities.class_name(view)))
         for pod in cache.pods.values():
             if pod.owner is None and pod.active and pod.namespace in limited:
-                # An empty name is no class to the API server too.
-                held.extend((pod.namespace, r, n, pod.priority_class or None) for r, n in pod.requests.items())
+                held.extend((pod.namespace, r, n, pod.priority_class) for r, n in pod.requests.items())
         return Quotas.build(cache.quotas.values(), held, cache.quota_version, priorities.class_name)
 
     def admission_timeout(self) -> dt.timedelta | None:

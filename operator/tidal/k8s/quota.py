@@ -83,6 +83,11 @@ def applies(quota: QuotaView, priority_class: str | None) -> bool:
     return True
 
 
+def _named_class(view: ResourceView) -> str | None:
+    """The class the workload names (Priorities.class_name also resolves the globalDefault)."""
+    return view.spec.get("priorityClassName") or None
+
+
 Counts = dict[tuple[str, str], Counter[str | None]]
 """(namespace, requests.<accelerator>) -> GPUs by the PriorityClass named by the workload or pod
 holding them (None: none named): a quota scoped to classes counts only theirs, as the API server
@@ -108,7 +113,7 @@ class Quotas:
     priority is not above the holder's until the holder is planned again (`release_hold`). The
     share has no placement yet, so the ledger rebuilt from placements does not count it."""
     priority_of: Callable[[ResourceView], int] = lambda view: 0
-    class_of: Callable[[ResourceView], str | None] = lambda view: view.spec.get("priorityClassName") or None
+    class_of: Callable[[ResourceView], str | None] = _named_class
     """The PriorityClass a workload's pods get (`Priorities.class_name`: a workload without one gets
     the globalDefault class's name from the API server, and scoped quotas count it there)."""
 
@@ -129,10 +134,7 @@ class Quotas:
         for namespace, accelerator, gpus, priority_class in held:
             if namespace in by_ns:
                 used.setdefault((namespace, REQUESTS + accelerator), Counter())[priority_class] += gpus
-        out = cls(by_ns, used, version=version)
-        if class_of is not None:
-            out.class_of = class_of
-        return out
+        return cls(by_ns, used, version=version, class_of=class_of or _named_class)
 
     def carry(self, holds: Mapping[str, Hold], priority_of: Callable[[ResourceView], int]) -> None:
         """Count last cycle's holds (`Cycle.held_before`) in quota-limited namespaces."""

@@ -183,7 +183,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         requests=requests,
         owner=owner,
         owner_uid=controller[2] if controller else "",
-        priority_class=spec.get("priorityClassName"),
+        priority_class=spec.get("priorityClassName") or None,  # an empty name is no class to the API server
         group=int(group) if group is not None and group.isdigit() else None,
         labels=pod_labels,
         annotations=dict(meta.get("annotations") or {}),
