@@ -8,10 +8,11 @@ from __future__ import annotations
 import socket
 import time
 
-from bench.fault_proxy import FaultProxy, FaultRates, PathRule
+from bench.fault_proxy import PathRule
 
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
+from .proxied import operator_behind_proxy
 from .test_operator import assert_gangs_sound, job, pods_of, status, submit, wait_phase
 from .test_tide import pool
 
@@ -21,9 +22,6 @@ API_TIMEOUT_SECONDS = 3
 def test_a_hung_call_and_a_silent_prometheus_stop_nobody_else(
     kube: Kube, operator: OperatorProcess, namespace: str, tmp_path
 ):
-    # Two operators sharing one peering identity would both act; `running_operator` restarts the
-    # session one for the tests after this one.
-    operator.stop()
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)  # connections complete in the backlog; nothing ever reads or answers them
@@ -31,54 +29,45 @@ def test_a_hung_call_and_a_silent_prometheus_stop_nobody_else(
         PathRule("PATCH", f"/namespaces/{namespace}/trainingjobs/wedged", "hang"),
         PathRule("POST", f"/namespaces/{namespace}/pods", "throttle_429", rate=0.5),
     )
-    proxy = FaultProxy(kube.kubeconfig, FaultRates(rate=0.0, watch_cut_rate=0.0, rules=rules)).start()
-    own = OperatorProcess(
-        proxy.operator_kubeconfig(tmp_path / "proxy.kubeconfig"),
-        tmp_path,
-        "--discover-supernodes",
-        "tidal.dev/supernode",
+    extra = (
         "--api-timeout",
         str(API_TIMEOUT_SECONDS),
         "--load-source",
         f"silent=http://127.0.0.1:{silent.getsockname()[1]}",
     )
     try:
-        own.start()
-        # The wedged job is queued first, so its hung write comes before anyone else's.
-        submit(kube, namespace, job("wedged", tp=4, ep=1, pp=1, dp=1))
-        eventually(lambda: proxy.injected["hang"] >= 1, timeout=60, what="the wedged job's status write hung")
-        prometheus = {"server": "silent", "query": "sum(rate(requests_total[1m]))"}
-        submit(
-            kube,
-            namespace,
-            job("fine", tp=4, ep=4, pp=2, dp=1),
-            pool(
-                "served",
-                minReplicas=1,
-                maxReplicas=2,
-                load={"source": "Prometheus", "prometheus": prometheus, "targetPerReplica": 5},
-            ),
-        )
-        wait_phase(kube, namespace, "fine", "Running", timeout=150)
-        served = eventually(
-            lambda: (
-                (s := kube.get("inferencepool", "served", "-n", namespace).get("status", {})).get("readyReplicas") and s
-            ),
-            timeout=120,
-            what="the pool's replica Ready while its load source never answers",
-        )
-        assert "silent" in served.get("load", {}).get("error", ""), served.get("load")
-        assert proxy.injected["throttle_429"] >= 1, proxy.injected
-        # Its placement was never recorded, so none of its pods was made (no GPUs booked twice).
-        time.sleep(2 * API_TIMEOUT_SECONDS)
-        assert not pods_of(kube, namespace, "wedged")
-        assert not status(kube, namespace, "wedged").get("placement")
-        assert own.proc is not None and own.proc.poll() is None, "the operator died"
-        assert_gangs_sound(kube)
+        with operator_behind_proxy(kube, operator, namespace, tmp_path, rules, *extra) as (proxy, own):
+            # The wedged job is queued first, so its hung write comes before anyone else's.
+            submit(kube, namespace, job("wedged", tp=4, ep=1, pp=1, dp=1))
+            eventually(lambda: proxy.injected["hang"] >= 1, timeout=60, what="the wedged job's status write hung")
+            prometheus = {"server": "silent", "query": "sum(rate(requests_total[1m]))"}
+            submit(
+                kube,
+                namespace,
+                job("fine", tp=4, ep=4, pp=2, dp=1),
+                pool(
+                    "served",
+                    minReplicas=1,
+                    maxReplicas=2,
+                    load={"source": "Prometheus", "prometheus": prometheus, "targetPerReplica": 5},
+                ),
+            )
+            wait_phase(kube, namespace, "fine", "Running", timeout=150)
+            served = eventually(
+                lambda: (
+                    (s := kube.get("inferencepool", "served", "-n", namespace).get("status", {})).get("readyReplicas")
+                    and s
+                ),
+                timeout=120,
+                what="the pool's replica Ready while its load source never answers",
+            )
+            assert "silent" in served.get("load", {}).get("error", ""), served.get("load")
+            assert proxy.injected["throttle_429"] >= 1, proxy.injected
+            # Its placement was never recorded, so none of its pods was made (no GPUs booked twice).
+            time.sleep(2 * API_TIMEOUT_SECONDS)
+            assert not pods_of(kube, namespace, "wedged")
+            assert not status(kube, namespace, "wedged").get("placement")
+            assert own.proc is not None and own.proc.poll() is None, "the operator died"
+            assert_gangs_sound(kube)
     finally:
-        # Faults off, so the operator can take its finalizers off the test's objects before it stops.
-        proxy.enabled = False
-        kube.run("delete", "trainingjobs,inferencepools", "--all", "-n", namespace, "--timeout=60s", check=False)
-        own.stop()
-        proxy.stop()
         silent.close()
