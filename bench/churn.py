@@ -126,7 +126,9 @@ def run_churn(
             busy_area += span * snapshot.allocated_gpus()
         last = now
         if kind == 0:
-            release_plan(snapshot, running.pop(index))
+            gone = running.pop(index)
+            release_plan(snapshot, gone)
+            snapshot.add_residents(gone.supernodes, -1)
         else:
             job = stream[index]
             queue[index] = job
@@ -152,6 +154,7 @@ def run_churn(
             if not isinstance(result, PlacementPlan):
                 continue
             apply_plan(snapshot, result)
+            snapshot.add_residents(result.supernodes)  # what tidal's operator counts from placements
             running[job.index] = result
             del queue[job.index]
             if job.arrival >= start:

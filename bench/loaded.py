@@ -55,7 +55,9 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
         now += rng.expovariate(rate)
         while departures and departures[0][0] <= now:
             _, name = heapq.heappop(departures)
-            release_plan(snapshot, loaded.running.pop(name))
+            gone = loaded.running.pop(name)
+            release_plan(snapshot, gone)
+            snapshot.add_residents(gone.supernodes, -1)
             del loaded.shapes[name]
         shape_i = rng.choices(mix, weights)[0]
         demand.decay(0.98)
@@ -63,6 +65,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
         plan = plan_gang(snapshot, loaded.request(f"job-{i}", shape_i), demand)
         if isinstance(plan, PlacementPlan):
             apply_plan(snapshot, plan)
+            snapshot.add_residents(plan.supernodes)
             loaded.running[plan.request.name] = plan
             loaded.shapes[plan.request.name] = shape_i
             heapq.heappush(departures, (now + rng.expovariate(1 / mean_duration), plan.request.name))
@@ -73,6 +76,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
         plan = plan_gang(snapshot, loaded.request(f"fill-{len(loaded.running)}", filler), demand)
         if isinstance(plan, PlacementPlan):
             apply_plan(snapshot, plan)
+            snapshot.add_residents(plan.supernodes)
             loaded.running[plan.request.name] = plan
             loaded.shapes[plan.request.name] = filler
         else:

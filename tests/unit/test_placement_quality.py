@@ -180,3 +180,34 @@ def test_a_gang_already_in_a_block_through_its_preferred_rack_stays_in_that_bloc
         )
         plan = plan_gang(snap, request)
         assert plan.supernodes == {"nvl72-0000", "nvl72-0005"}, recovery
+
+
+def test_a_small_group_joins_the_busier_of_two_equal_holes():
+    # Racks 0 and 1 both have 36 of 72 GPUs free, so by leftover they tie (and name order would
+    # pick rack 0). Rack 0's 36 are held by one workload, rack 1's by six: rack 0 is whole again
+    # when one job leaves, rack 1 only when all six do, so the new group joins rack 1.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 3))
+    use(snap, "nvl72-0000", 9)
+    use(snap, "nvl72-0001", 9)
+    snap.add_residents(["nvl72-0000"])
+    for _ in range(6):
+        snap.add_residents(["nvl72-0001"])
+    plan = plan_gang(snap, GangRequest("tiny", groups=1, group_gpus=4, gpus_per_pod=4))
+    assert plan.supernodes == {"nvl72-0001"}
+    plan = plan_gang(snap, GangRequest("two", groups=2, group_gpus=8, gpus_per_pod=4))
+    assert plan.supernodes == {"nvl72-0001"}
+    # One resident each: joining either costs more than with six, still less than breaking the
+    # empty rack 2 (its whole-domain worth).
+    snap.add_residents(["nvl72-0001"], -5)
+    plan = plan_gang(snap, GangRequest("tiny", groups=1, group_gpus=4, gpus_per_pod=4))
+    assert plan.supernodes == {"nvl72-0000"}
+
+
+def test_resident_counts_follow_arrivals_and_departures_and_survive_a_copy():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    snap.add_residents(["nvl72-0000", "nvl72-0000", "nvl72-0001"])  # one workload: counted once
+    snap.add_residents(["nvl72-0000"])
+    clone = snap.copy()
+    snap.add_residents(["nvl72-0000", "nvl72-0001"], -1)
+    assert dict(snap.residents) == {"nvl72-0000": 1}
+    assert dict(clone.residents) == {"nvl72-0000": 2, "nvl72-0001": 1}

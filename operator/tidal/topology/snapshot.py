@@ -71,6 +71,9 @@ class ClusterSnapshot:
         self._domain_cache: dict[tuple, int] = {}
         # Bumped when capacity (not allocation) changes; caches of "what fits an empty cluster" use it.
         self.shape_version = 0
+        # Supernode -> workloads with GPUs booked there, as the snapshot's owner reports them (the
+        # operator from placements, a benchmark from its running jobs); absent means none known.
+        self.residents: Counter[str] = Counter()
         for sn in supernodes:
             self.add_supernode(sn)
         for node in nodes:
@@ -156,6 +159,13 @@ class ClusterSnapshot:
             return  # a node that vanished took its allocation with it
         self.update_node(name, allocated=max(node.allocated - gpus, 0))
 
+    def add_residents(self, supernodes: Iterable[str], delta: int = 1) -> None:
+        """A workload arrived on (delta 1) or left (-1) these supernodes; placement reads the count."""
+        for name in set(supernodes):
+            self.residents[name] += delta
+            if self.residents[name] <= 0:
+                del self.residents[name]
+
     def copy(self) -> ClusterSnapshot:
         clone = ClusterSnapshot.__new__(ClusterSnapshot)
         clone.supernodes = {
@@ -173,6 +183,7 @@ class ClusterSnapshot:
         clone.empty_cluster_cache = dict(self.empty_cluster_cache)
         clone._domain_cache = dict(self._domain_cache)
         clone.shape_version = self.shape_version
+        clone.residents = Counter(self.residents)
         return clone
 
     # -- queries --------------------------------------------------------------------------
