@@ -43,15 +43,11 @@ from tidal.placement import (
     release_plan,
     split_groups,
 )
-from tidal.placement.leftover import GroupDemand, stranded_gpus
+from tidal.placement.leftover import ArrivalHistory, GroupDemand, stranded_gpus
 from tidal.placement.workload_mix import TRAINING_MIX, JobShape
 from tidal.topology import ClusterSnapshot, fleet_for_gpus, snapshot_from_fleet
 
 LARGE_GANG_GPUS = 256
-QUEUE_WEIGHT = 4.0
-"""A queued job's group size counts four times an arrival's: it is waiting now."""
-HISTORY_DECAY = 0.98
-"""Per arrival: the history of group sizes forgets half of itself over ~35 arrivals."""
 
 
 @dataclass
@@ -110,7 +106,7 @@ def run_churn(
     heapq.heapify(events)
     running: dict[int, PlacementPlan] = {}
     queue: dict[int, Job] = {}
-    history = GroupDemand()
+    arrivals_seen = ArrivalHistory()  # what tidal's operator keeps: the same weights and ageing
     refused = refused_gpus = splits = 0
     waits_large: list[float] = []
     stranded_area = busy_area = 0.0
@@ -132,18 +128,14 @@ def run_churn(
         else:
             job = stream[index]
             queue[index] = job
-            history.decay(HISTORY_DECAY)
-            history.observe(accelerator, job.shape.group_gpus)
+            arrivals_seen.arrive(index, accelerator, job.shape.group_gpus)
         for job in list(queue.values()):
             if now - job.arrival > patience:
                 del queue[job.index]
                 if job.arrival >= start:
                     refused += 1
                     refused_gpus += job.shape.gpus
-        demand = GroupDemand()
-        for job in queue.values():
-            demand.observe(accelerator, job.shape.group_gpus, QUEUE_WEIGHT)
-        demand = demand.merged(history)
+        demand = arrivals_seen.demand((accelerator, job.shape.group_gpus) for job in queue.values())
         # Capacity only grows at a departure: an arrival can only place itself (Kueue retries
         # queue heads on capacity changes for the same reason).
         candidates = list(queue.values()) if kind == 0 else [stream[index]]

@@ -2,9 +2,13 @@
 
 import dataclasses
 import datetime as dt
+from collections import Counter
+
+import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s import labels
+from tidal.k8s.admission import placement_demand
 from tidal.k8s.cache import build_snapshot, memberships
 from tidal.k8s.controller import Controller
 from tidal.k8s.manifests import owner_reference
@@ -12,6 +16,8 @@ from tidal.k8s.pools import pool_allocations
 from tidal.k8s.state import pod_view
 from tidal.k8s.training import allocations
 from tidal.k8s.watch import WatchCache
+from tidal.placement import plan_gang
+from tidal.placement.leftover import QUEUE_WEIGHT, ArrivalHistory
 
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE, run
@@ -280,3 +286,68 @@ def test_a_pod_labelled_as_tidals_without_a_tidal_owner_holds_foreign_gpus():
     assert pod_view(body).owner is None
     body["metadata"]["ownerReferences"] = [owner_reference("TrainingJob", "x", "uid-x")]
     assert pod_view(body).owner == ("TrainingJob", "x")
+
+
+def _supernodes_per_job(cluster: FakeCluster, *names: str) -> Counter:
+    out: Counter = Counter()
+    for name in names:
+        out.update({g["supernode"] for g in cluster.status("TrainingJob", "ml", name)["placement"]})
+    return out
+
+
+def test_resident_workloads_per_supernode_follow_bookings_and_membership():
+    cluster = FakeCluster("nvl72", 3)
+    job(cluster, "a", 6)  # 6 groups of 16: more than one rack holds (4 each)
+    job(cluster, "b", 1)
+    controller = Controller(cluster, FixedClock(NOW))
+    run(cluster, controller, cycles=3)
+    expected = _supernodes_per_job(cluster, "a", "b")
+    assert sum(expected.values()) >= 3
+    assert controller.keeper.residents == expected
+    assert controller.keeper.snapshot.residents == expected
+
+    finish(cluster, "a")
+    run(cluster, controller, cycles=2)
+    assert controller.keeper.residents == _supernodes_per_job(cluster, "b")
+
+    relabel(cluster, "nvl72-0002-n17", "nvl72-0001")  # membership moves: counted again from scratch
+    run(cluster, controller, cycles=1)
+    assert controller.keeper.residents == _supernodes_per_job(cluster, "b")
+
+    restarted = Controller(cluster, FixedClock(NOW))  # a new leader: its first cycle knows them
+    run(cluster, restarted, cycles=1)
+    assert restarted.keeper.snapshot.residents == _supernodes_per_job(cluster, "b")
+
+
+def test_placement_demand_counts_each_job_once_as_an_arrival_and_queued_ones_again():
+    cluster = FakeCluster("nvl72", 1)
+    running = job(cluster, "running", 1)
+    queued = job(cluster, "queued", 9)
+    broken = cluster.add("TrainingJob", "ml", "broken", {"tp": 4, "template": TEMPLATE})  # no gpusPerPod
+    arrivals = ArrivalHistory()
+    statuses = {
+        running.uid: (running, {"phase": "Running", "placement": [{"group": 0}]}),
+        queued.uid: (queued, {"phase": "Pending"}),
+        broken.uid: (broken, {"phase": "Pending"}),
+    }
+    demand = placement_demand(statuses, arrivals)
+    # Two arrivals of 16-GPU groups (the second ages the first by HISTORY_DECAY), one queued.
+    assert demand.sizes("nvidia.com/gpu") == {16: pytest.approx(QUEUE_WEIGHT + 0.98 + 1.0)}
+    again = placement_demand(statuses, arrivals)
+    assert again.sizes("nvidia.com/gpu") == demand.sizes("nvidia.com/gpu"), "an arrival is counted once"
+
+
+def test_admission_places_with_the_cycles_demand(monkeypatch):
+    from tidal.k8s import admission
+
+    seen = []
+
+    def recording(snapshot, request, demand=None):
+        seen.append(demand)
+        return plan_gang(snapshot, request, demand)
+
+    monkeypatch.setattr(admission, "plan_gang", recording)
+    cluster = FakeCluster("nvl72", 2)
+    job(cluster, "a", 1)
+    run(cluster, Controller(cluster, FixedClock(NOW)), cycles=1)
+    assert seen and seen[0] is not None and 16 in seen[0].sizes("nvidia.com/gpu")

@@ -48,6 +48,7 @@ from tidal.placement import (
     plan_preemption,
 )
 from tidal.placement.defrag import MovableGang, free_gpus, plan_defrag
+from tidal.placement.leftover import ArrivalHistory, GroupDemand
 from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
 
@@ -70,6 +71,25 @@ def is_queued(view: ResourceView, status: dict[str, Any]) -> bool:
         and status.get("phase", "") in QUEUED
         and not holds_gpus(status)
     )
+
+
+def placement_demand(statuses: dict[str, tuple[ResourceView, dict[str, Any]]], arrivals: ArrivalHistory) -> GroupDemand:
+    """The group sizes placement keeps leftovers for: each TrainingJob's once as an arrival (in
+    `arrivals`, kept across cycles) and the queued ones' again, QUEUE_WEIGHT each."""
+    queued: list[tuple[str, int]] = []
+    for view, status in statuses.values():
+        try:
+            group_gpus = GangShape.of(view.spec).group_gpus
+        except (KeyError, TypeError):
+            continue  # an invalid spec is refused by admission; it asks for nothing
+        if not isinstance(group_gpus, int) or group_gpus <= 0:
+            continue
+        accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
+        arrivals.arrive(view.uid, accelerator, group_gpus)
+        if is_queued(view, status):
+            queued.append((accelerator, group_gpus))
+    arrivals.forget(statuses)
+    return arrivals.demand(queued)
 
 
 def queue_order(cyc: Cycle, item: tuple[ResourceView, dict[str, Any]]) -> tuple:
@@ -250,7 +270,7 @@ def _try_admit(
             for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
                 shape = GangShape.of(view.spec, dp)
                 started = time.perf_counter()
-                plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery))
+                plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery), cyc.demand)
                 cyc.placements_ms.append((time.perf_counter() - started) * 1000)
                 if isinstance(plan, PlacementPlan):
                     too_large = _too_large(cyc, view, status, shape, plan)
@@ -286,6 +306,7 @@ def _admitted(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, plan: PlacementPlan
 ) -> dict[str, Any]:
     apply_plan(cyc.snapshot, plan)
+    cyc.snapshot.add_residents(plan.supernodes)  # for the rest of the cycle; the keeper's count after
     cyc.quotas.book(view, shape.world_size)
     placement = placement_of(plan)
     summary = summary_fields(placement, shape)

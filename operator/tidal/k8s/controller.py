@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import Clock, SystemClock
-from tidal.k8s.admission import admit_queued, is_queued
+from tidal.k8s.admission import admit_queued, is_queued, placement_demand
 from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
@@ -38,6 +38,7 @@ from tidal.k8s.training import (
 )
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.k8s.write import Applied, apply_actions
+from tidal.placement.leftover import ArrivalHistory
 from tidal.rebalance import DemandTracker
 
 
@@ -107,6 +108,7 @@ class Controller:
         self._supernodes_seen: dict[str, tuple[ResourceView, Any]] = {}
         self._overbooked: dict[str, int] = {}
         self.pending_memo: dict[str, tuple] = {}
+        self.arrivals = ArrivalHistory()
         self.holds: dict[str, Hold] = {}
         self.victims_added: Counter[int] = Counter()
         self.evictions_started = 0
@@ -302,6 +304,7 @@ class Controller:
             priorities=self.priorities(),
             domains_deleted_before=self.domains_deleted,
             admission_timeout=self.admission_timeout(),
+            demand=placement_demand(statuses, self.arrivals),
         )
         # A holder that waits no more (deleted or suspended) frees its nodes and quota share before
         # anything is planned: pools are grown before admission, which would drop it too late.

@@ -25,6 +25,7 @@ from tidal.k8s.quota import Quotas
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.taints import Toleration, closed, out_of_service, tolerations_of, untolerated
+from tidal.placement.leftover import GroupDemand
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -135,6 +136,9 @@ class Cycle:
     quotas: Quotas = field(default_factory=Quotas)
     """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
     admission_timeout: dt.timedelta | None = None
+    demand: GroupDemand | None = None
+    """Group sizes placement keeps leftovers for: queued TrainingJobs' and recent arrivals'
+    (`admission.placement_demand`)."""
     """How long a placed gang's pods may take to be bound and Running before the groups that are
     not get placed again (None: never); counted from status.placedAt, so it survives restarts."""
     domains_deleted_before: frozenset[tuple[str, str]] = frozenset()

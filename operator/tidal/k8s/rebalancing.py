@@ -258,7 +258,7 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             groups = tuple(range(shape.groups, bigger.groups))
             request = job_request(cyc, view, shape, group_ids=groups)
             with cyc.tolerating(view.spec.get("template")):
-                plan = plan_gang(cyc.snapshot, request)
+                plan = plan_gang(cyc.snapshot, request, cyc.demand)
                 if isinstance(plan, PlacementPlan):
                     apply_plan(cyc.snapshot, plan)
             if not isinstance(plan, PlacementPlan):

@@ -598,7 +598,7 @@ def _replace_groups(
         prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
     )
     with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoid):
-        plan = plan_gang(cyc.snapshot, request)
+        plan = plan_gang(cyc.snapshot, request, cyc.demand)
         if isinstance(plan, PlacementPlan):
             apply_plan(cyc.snapshot, plan)
             hold_domain_nodes(cyc, view, placement_of(plan))

@@ -344,6 +344,10 @@ class SnapshotKeeper:
         self.rebuilds = 0
         self._whole: dict[str, frozenset[str]] = {}
         """Workload uid -> the nodes it holds whole (see set_allocations)."""
+        self.residents: Counter[str] = Counter()
+        """Supernode -> workloads with GPUs booked there (placement's `resident_cost` reads it)."""
+        self._resident_on: dict[str, frozenset[str]] = {}
+        self._residents_stale: set[str] = set()
 
     # -- bookings from statuses -----------------------------------------------------------
     def set_allocations(
@@ -383,6 +387,7 @@ class SnapshotKeeper:
             self.domain_held[node] += 1
             self._stale.add(node)
         self._allocs[uid] = (source, dict(per_node))
+        self._residents_stale.add(uid)
         if held:
             self._whole[uid] = held
         else:
@@ -406,6 +411,7 @@ class SnapshotKeeper:
         members = cache.memberships()
         if self.snapshot is None or cache.membership_version != self._membership_version:
             self._rebuild(cache, members)
+            self._count_residents(self.snapshot, everyone=True)
             return self.snapshot
         snap = self.snapshot
         stale = self._stale | snap.touched | dirty_nodes
@@ -435,7 +441,30 @@ class SnapshotKeeper:
                 self.capacity_version += 1
             self._truth_free[name] = state.free
         snap.capacity_version = self.capacity_version
+        self._count_residents(snap)
         return snap
+
+    def _count_residents(self, snap: JournaledSnapshot, everyone: bool = False) -> None:
+        """Supernodes per workload from its bookings, recounted only for workloads whose bookings
+        changed (all of them when membership moved); the cycle gets its own copy to add to."""
+        if everyone:
+            self.residents.clear()
+            self._resident_on.clear()
+            stale: Iterable[str] = list(self._allocs)
+        else:
+            stale = self._residents_stale
+        for uid in stale:
+            for supernode in self._resident_on.pop(uid, ()):
+                self.residents[supernode] -= 1
+                if not self.residents[supernode]:
+                    del self.residents[supernode]
+            booked = self._allocs.get(uid)
+            on = frozenset(snap.nodes[n].supernode for n in (booked[1] if booked else ()) if n in snap.nodes)
+            if on:
+                self._resident_on[uid] = on
+                self.residents.update(on)
+        self._residents_stale = set()
+        snap.residents = Counter(self.residents)
 
     def end_cycle(self) -> None:
         """Free GPUs that went up inside the cycle (releases) count as capacity for the queue."""

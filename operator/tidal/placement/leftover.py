@@ -8,8 +8,14 @@ put into an empty 72-GPU rack than spread over two 36-GPU holes when 36-GPU grou
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+QUEUE_WEIGHT = 4.0
+"""A queued workload's group size counts four times an arrival's: it is waiting now."""
+HISTORY_DECAY = 0.98
+"""Per arrival: the history of group sizes forgets half of itself over ~35 arrivals."""
 
 
 @dataclass
@@ -40,6 +46,33 @@ class GroupDemand:
 
     def sizes(self, accelerator: str) -> dict[int, float]:
         return self.weights.get(accelerator, {})
+
+
+class ArrivalHistory:
+    """Group sizes of recent arrivals (each workload counted once, by key), aged per arrival, and
+    the demand placement weighs: the queue's sizes (QUEUE_WEIGHT each) on top of that history."""
+
+    def __init__(self) -> None:
+        self.history = GroupDemand()
+        self._seen: set[object] = set()
+
+    def arrive(self, key: object, accelerator: str, group_gpus: int) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.history.decay(HISTORY_DECAY)
+        self.history.observe(accelerator, group_gpus)
+
+    def forget(self, live: Iterable[object]) -> None:
+        """Drop the keys of workloads that are gone (their sizes stay in the aged history)."""
+        self._seen.intersection_update(live)
+
+    def demand(self, queued: Iterable[tuple[str, int]]) -> GroupDemand:
+        """(accelerator, group GPUs) of each queued workload, weighed on top of the history."""
+        out = GroupDemand()
+        for accelerator, group_gpus in queued:
+            out.observe(accelerator, group_gpus, QUEUE_WEIGHT)
+        return out.merged(self.history)
 
 
 def leftover_value(free: int, sizes: dict[int, float]) -> float:
