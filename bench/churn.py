@@ -1,6 +1,7 @@
 """Churn: gangs arrive and leave on a cluster held near full; how many does each planner refuse?
 
-    python -m bench.churn [--json] [--seeds 1 2 3] [--gpus 10368] [--jobs 4000]
+    python -m bench.churn [--json] [--seeds 1 2 3] [--gpus 10368] [--jobs 4000] [--load 1.2]
+        [--planners tidal best_fit ...] [--resident-weight W] [--resident-power P]
 
 Jobs of the calibrated mix (`tidal.placement.workload_mix`, shapes up to 1/8 of the cluster)
 arrive as a Poisson stream whose offered load is `load` x the cluster, run for an exponential
@@ -8,8 +9,11 @@ time, and wait in one queue tried in arrival order with backfill at every arriva
 A job still pending after `patience` is refused. The same arrival stream is given to:
 
 - tidal: `plan_gang` with the leftover valued for the pending queue's and recent arrivals' group
-  sizes; and tidal_without_demand, the same planner told nothing (only the request's own size),
-  so the queue knowledge the baselines lack is measured on its own;
+  sizes, and the workloads per supernode (the snapshot's `residents`, kept here from the running
+  jobs as the operator keeps them from placements); and tidal_without_demand, the same planner
+  told nothing of the queue or arrivals (it still reads residents), so the queue knowledge is
+  measured on its own. `--resident-weight` / `--resident-power` override the resident cost
+  (`gang.RESIDENT_WEIGHT`, `gang.RESIDENT_POWER`) for a sensitivity sweep;
 - best-fit: every group inside one supernode, packed like Kueue TAS's BestFit (fewest blocks,
   most room first, the tightest supernode for the remainder) or Slurm's block plugin;
 - constrained first-fit: every group inside one supernode, supernodes in name order (the lower
@@ -36,6 +40,7 @@ from tidal.placement import (
     GangRequest,
     PlacementPlan,
     apply_plan,
+    gang,
     plan_best_fit,
     plan_constrained_first_fit,
     plan_first_fit,
@@ -195,7 +200,17 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=10_368)
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--load", type=float, default=1.2)
+    parser.add_argument("--resident-weight", type=float, help="override gang.RESIDENT_WEIGHT (a sensitivity sweep)")
+    parser.add_argument("--resident-power", type=float, help="override gang.RESIDENT_POWER")
+    parser.add_argument("--planners", nargs="+", choices=sorted(PLANNERS), help="only these planners")
     args = parser.parse_args()
+    if args.resident_weight is not None:
+        gang.RESIDENT_WEIGHT = args.resident_weight
+    if args.resident_power is not None:
+        gang.RESIDENT_POWER = args.resident_power
+    if args.planners:
+        for name in [n for n in PLANNERS if n not in args.planners]:
+            del PLANNERS[name]
     result = run(args.seeds, args.gpus, args.jobs, args.load)
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
 

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 
 from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang, release_plan
-from tidal.placement.leftover import GroupDemand
+from tidal.placement.leftover import HISTORY_DECAY, GroupDemand
 from tidal.placement.workload_mix import TRAINING_MIX, JobShape
 from tidal.topology import SHAPES, ClusterSnapshot, fleet_for_gpus, snapshot_from_fleet
 
@@ -60,7 +60,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
             snapshot.add_residents(gone.supernodes, -1)
             del loaded.shapes[name]
         shape_i = rng.choices(mix, weights)[0]
-        demand.decay(0.98)
+        demand.decay(HISTORY_DECAY)
         demand.observe(accelerator, shape_i.group_gpus)
         plan = plan_gang(snapshot, loaded.request(f"job-{i}", shape_i), demand)
         if isinstance(plan, PlacementPlan):

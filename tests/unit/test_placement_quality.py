@@ -211,3 +211,20 @@ def test_resident_counts_follow_arrivals_and_departures_and_survive_a_copy():
     snap.add_residents(["nvl72-0000", "nvl72-0001"], -1)
     assert dict(snap.residents) == {"nvl72-0000": 1}
     assert dict(clone.residents) == {"nvl72-0000": 2, "nvl72-0001": 1}
+
+
+def test_the_joining_cost_is_weighed_for_every_group_count_not_after_choosing_it():
+    # Rack 0: 40 free, two residents; rack 1 empty; 8- and 32-GPU groups in demand; a 5x8 gang.
+    # All five in rack 0 lose 36 of leftover plus the joining cost once (4 x 72 / 9 = 32): 68;
+    # the empty rack loses 108 (its whole-domain worth included). Choosing how many groups go
+    # to rack 0 by leftover alone (one: 4 lost) and then adding the joining cost to that one group
+    # (36 per group) made rack 0 look dearer than breaking the empty rack (21.6 per group).
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    use(snap, "nvl72-0000", 8)
+    snap.add_residents(["nvl72-0000"])
+    snap.add_residents(["nvl72-0000"])
+    demand = GroupDemand()
+    demand.observe("nvidia.com/gpu", 8)
+    demand.observe("nvidia.com/gpu", 32)
+    plan = plan_gang(snap, GangRequest("five", groups=5, group_gpus=8, gpus_per_pod=4), demand)
+    assert plan.supernodes == {"nvl72-0000"}

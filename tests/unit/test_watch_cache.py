@@ -310,13 +310,18 @@ def test_resident_workloads_per_supernode_follow_bookings_and_membership():
     run(cluster, controller, cycles=2)
     assert controller.keeper.residents == _supernodes_per_job(cluster, "b")
 
-    relabel(cluster, "nvl72-0002-n17", "nvl72-0001")  # membership moves: counted again from scratch
+    # One of b's nodes moves to another supernode: b is counted where its nodes are now.
+    moved = cluster.status("TrainingJob", "ml", "b")["placement"][0]["nodes"][0]
+    other = next(sn for sn in ("nvl72-0000", "nvl72-0001", "nvl72-0002") if not moved.startswith(sn))
+    relabel(cluster, moved, other)
     run(cluster, controller, cycles=1)
-    assert controller.keeper.residents == _supernodes_per_job(cluster, "b")
+    supernode_of = {n: m.supernode for m in controller.cache.memberships().values() for n in m.nodes}
+    b_nodes = {n for g in cluster.status("TrainingJob", "ml", "b")["placement"] for n in g["nodes"]}
+    assert controller.keeper.residents == Counter({supernode_of[n] for n in b_nodes})
 
     restarted = Controller(cluster, FixedClock(NOW))  # a new leader: its first cycle knows them
     run(cluster, restarted, cycles=1)
-    assert restarted.keeper.snapshot.residents == _supernodes_per_job(cluster, "b")
+    assert restarted.keeper.snapshot.residents == Counter({supernode_of[n] for n in b_nodes})
 
 
 def test_placement_demand_counts_each_job_once_as_an_arrival_and_queued_ones_again():
@@ -330,11 +335,55 @@ def test_placement_demand_counts_each_job_once_as_an_arrival_and_queued_ones_aga
         queued.uid: (queued, {"phase": "Pending"}),
         broken.uid: (broken, {"phase": "Pending"}),
     }
+    never = cluster.add("TrainingJob", "ml", "never", {"tp": 8, "ep": 16, "gpusPerPod": 4, "template": TEMPLATE})
+    statuses[never.uid] = (
+        never,
+        {
+            "phase": "Pending",
+            "conditions": [{"type": "Schedulable", "status": "False", "reason": "GroupLargerThanSupernodes"}],
+        },
+    )
     demand = placement_demand(statuses, arrivals)
-    # Two arrivals of 16-GPU groups (the second ages the first by HISTORY_DECAY), one queued.
+    # Two arrivals of 16-GPU groups (the second ages the first by HISTORY_DECAY), one queued; the
+    # 128-GPU job no supernode holds asks for nothing.
     assert demand.sizes("nvidia.com/gpu") == {16: pytest.approx(QUEUE_WEIGHT + 0.98 + 1.0)}
     again = placement_demand(statuses, arrivals)
     assert again.sizes("nvidia.com/gpu") == demand.sizes("nvidia.com/gpu"), "an arrival is counted once"
+
+
+def test_jobs_first_seen_together_arrive_in_creation_order():
+    # After a restart every job is new at once: the history must not depend on dict order.
+    cluster = FakeCluster("nvl72", 1)
+    old = cluster.add("TrainingJob", "ml", "old", {"tp": 8, "gpusPerPod": 4, "template": TEMPLATE})
+    new = job(cluster, "new", 1)  # created later, 16-GPU groups
+    forward, backward = ArrivalHistory(), ArrivalHistory()
+    placement_demand({old.uid: (old, {"phase": "Running"}), new.uid: (new, {"phase": "Running"})}, forward)
+    placement_demand({new.uid: (new, {"phase": "Running"}), old.uid: (old, {"phase": "Running"})}, backward)
+    assert (
+        forward.history.sizes("nvidia.com/gpu")
+        == backward.history.sizes("nvidia.com/gpu")
+        == {
+            8: pytest.approx(0.98),
+            16: 1.0,
+        }
+    )
+
+
+def test_a_job_admitted_earlier_in_the_cycle_is_a_resident_for_the_next(monkeypatch):
+    from tidal.k8s import admission
+
+    residents_seen = []
+
+    def recording(snapshot, request, demand=None):
+        residents_seen.append(sum(snapshot.residents.values()))
+        return plan_gang(snapshot, request, demand)
+
+    monkeypatch.setattr(admission, "plan_gang", recording)
+    cluster = FakeCluster("nvl72", 2)
+    job(cluster, "a", 1)
+    job(cluster, "b", 1)
+    run(cluster, Controller(cluster, FixedClock(NOW)), cycles=1)
+    assert residents_seen[:2] == [0, 1]
 
 
 def test_admission_places_with_the_cycles_demand(monkeypatch):

@@ -56,6 +56,18 @@ QUEUED = frozenset({"Pending", "Restarting", ""})
 DEFRAGMENTED = "Defragmented"
 """Eviction reason of a defragmentation move."""
 WAITING = frozenset({"WaitingForPreemption", "WaitingForDefragmentation"})
+NEVER_FITS = frozenset(
+    {
+        "InvalidSpec",
+        UNKNOWN_PRIORITY_CLASS,
+        DOMAIN_PODS_SHARE_NODE,
+        UnplaceableReason.NO_MATCHING_SUPERNODES.value,
+        UnplaceableReason.POD_LARGER_THAN_NODES.value,
+        UnplaceableReason.GROUP_LARGER_THAN_SUPERNODES.value,
+        UnplaceableReason.LARGER_THAN_CLUSTER.value,
+    }
+)
+"""Pending reasons that no free capacity changes: such a job's size is not demand to keep room for."""
 """Reasons of a queued job that is re-planned every cycle (it must re-reserve its nodes)."""
 DEFRAG_COOLDOWN = dt.timedelta(minutes=10)
 """A job moved by defragmentation is not moved again sooner than this (no ping-pong)."""
@@ -75,21 +87,32 @@ def is_queued(view: ResourceView, status: dict[str, Any]) -> bool:
 
 def placement_demand(statuses: dict[str, tuple[ResourceView, dict[str, Any]]], arrivals: ArrivalHistory) -> GroupDemand:
     """The group sizes placement keeps leftovers for: each TrainingJob's once as an arrival (in
-    `arrivals`, kept across cycles) and the queued ones' again, QUEUE_WEIGHT each."""
+    `arrivals`, kept across cycles; jobs first seen in one cycle, e.g. every job after a restart,
+    in creation order) and the queued ones' again, QUEUE_WEIGHT each. A job that can never be
+    placed as it is (invalid, larger than every supernode or the cluster) asks for nothing."""
     queued: list[tuple[str, int]] = []
+    first_seen: list[tuple[str, str, str, int]] = []
     for view, status in statuses.values():
-        try:
-            group_gpus = GangShape.of(view.spec).group_gpus
-        except (KeyError, TypeError):
-            continue  # an invalid spec is refused by admission; it asks for nothing
-        if not isinstance(group_gpus, int) or group_gpus <= 0:
-            continue
+        group_gpus = _group_gpus(view.spec)
         accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
-        arrivals.arrive(view.uid, accelerator, group_gpus)
+        if group_gpus is None or not isinstance(accelerator, str) or _schedulable_reason(status) in NEVER_FITS:
+            continue
+        if not arrivals.seen(view.uid):
+            first_seen.append((view.created or "", view.uid, accelerator, group_gpus))
         if is_queued(view, status):
             queued.append((accelerator, group_gpus))
+    for _, uid, accelerator, group_gpus in sorted(first_seen):
+        arrivals.arrive(uid, accelerator, group_gpus)
     arrivals.forget(statuses)
     return arrivals.demand(queued)
+
+
+def _group_gpus(spec: dict[str, Any]) -> int | None:
+    try:
+        group_gpus = GangShape.of(spec).group_gpus
+    except (KeyError, TypeError):
+        return None  # an invalid spec is refused by admission
+    return group_gpus if isinstance(group_gpus, int) and group_gpus > 0 else None
 
 
 def queue_order(cyc: Cycle, item: tuple[ResourceView, dict[str, Any]]) -> tuple:

@@ -136,11 +136,11 @@ class Cycle:
     quotas: Quotas = field(default_factory=Quotas)
     """Namespaces' GPU quotas and usage (tidal.k8s.quota), set before anything is admitted."""
     admission_timeout: dt.timedelta | None = None
+    """How long a placed gang's pods may take to be bound and Running before the groups that are
+    not get placed again (None: never); counted from status.placedAt, so it survives restarts."""
     demand: GroupDemand | None = None
     """Group sizes placement keeps leftovers for: queued TrainingJobs' and recent arrivals'
     (`admission.placement_demand`)."""
-    """How long a placed gang's pods may take to be bound and Running before the groups that are
-    not get placed again (None: never); counted from status.placedAt, so it survives restarts."""
     domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
     """(namespace, name) of ComputeDomains whose delete the previous cycle's write saw succeed (or
     404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted

@@ -35,8 +35,10 @@ from tidal.topology.snapshot import ClusterSnapshot, OverbookedError
 
 WHOLE_DOMAIN_WEIGHT = 1.0
 """Worth of an empty domain's GPUs for domain-sized groups, against 1.0 for all demanded sizes."""
-RESIDENT_WEIGHT = 2.0
+RESIDENT_WEIGHT = 4.0
 """Scale of `resident_cost`, in GPUs of leftover per GPU of the domain."""
+RESIDENT_POWER = 2
+"""`resident_cost` falls as 1/(n+1)**RESIDENT_POWER with n residents."""
 BLOCKS_SCORED = 16
 """When one block suffices, the fullest this many fitting blocks are scored by leftover lost."""
 
@@ -177,15 +179,17 @@ def resident_cost(residents: int, whole: int) -> float:
     A supernode is whole again only when its last resident leaves. Run times carry no memory of
     how long a job has run, so one more resident delays that by about 1/(n+1) of a run time, and
     the delay matters most where few residents are left (the domain would be whole soonest): hence
-    1/(n+1)^2. An empty domain (n = 0) is priced by the whole-domain worth instead. The form and
-    RESIDENT_WEIGHT were chosen on the churn benchmark's seeds 1-15 among 1/(n+1) and 1/(n+1)^2 at
-    weights 0.25-4 and checked on held-out seeds 16-30 (README "Placement quality").
+    1/(n+1)^2. n = 0 costs nothing: an empty domain is priced by the whole-domain worth instead,
+    and a partly used one whose holders are unknown to the snapshot's owner (another tenant's
+    pods) is treated as no closer to whole than the leftover score says. The form and the weight
+    were chosen with `python -m bench.churn --resident-weight W --resident-power P` on seeds 1-15
+    (README "Placement"); the other seeds and loads were run after the choice.
     """
-    return RESIDENT_WEIGHT * whole / (residents + 1) ** 2 if residents > 0 else 0.0
+    return RESIDENT_WEIGHT * whole / (residents + 1) ** RESIDENT_POWER if residents > 0 else 0.0
 
 
 class _LeftoverScorer:
-    """Leftover value lost per group for k groups in a supernode, memoized on (free, whole, limit):
+    """Leftover value lost per group for k groups in a supernode, memoized on (free, whole, limit, joining):
     racks of one shape share few distinct free counts, so a call scores hundreds of racks cheaply."""
 
     def __init__(self, group_gpus: int, sizes: dict[int, float]):
@@ -202,12 +206,14 @@ class _LeftoverScorer:
     def loss(self, free: int, whole: int, groups: int) -> float:
         return self.value(free, whole) - self.value(free - groups * self.group, whole)
 
-    def best_step(self, free: int, whole: int, limit: int) -> tuple[float, int, int]:
-        """(loss per group, -k, GPUs left) of the best k in 1..limit: lower is better."""
-        key = (free, whole, limit)
+    def best_step(self, free: int, whole: int, limit: int, joining: float = 0.0) -> tuple[float, int, int]:
+        """(loss per group, -k, GPUs left) of the best k in 1..limit: lower is better. `joining`
+        is paid once whatever k, so it is part of the choice of k, not added after it."""
+        key = (free, whole, limit, joining)
         if key not in self._memo:
             self._memo[key] = min(
-                (round(self.loss(free, whole, k) / k, 9), -k, free - k * self.group) for k in range(1, limit + 1)
+                (round((self.loss(free, whole, k) + joining) / k, 9), -k, free - k * self.group)
+                for k in range(1, limit + 1)
             )
         return self._memo[key]
 
@@ -232,25 +238,25 @@ def _least_leftover_lost(
     ]
     capacity = dict(capacity)
     chosen: dict[str, int] = {}
+    paid: dict[str, float] = {}
     remaining = wanted
     lost = 0.0
     while remaining > 0:
-        steps = []
-        for name, groups in capacity.items():
-            per_group, minus_k, left = scorer.best_step(free[name], whole[name], min(groups, remaining))
-            if name not in chosen:  # joining is paid once per supernode, spread over its groups
-                per_group = round(per_group - joining[name] / minus_k, 9)
-            steps.append((per_group, minus_k, left, name))
-        per_group, minus_k, _, name = min(steps)
+        per_group, minus_k, _, name = min(
+            # joining is paid once per supernode: not again for more groups where some already went
+            (*scorer.best_step(free[name], whole[name], min(groups, remaining), paid.get(name, joining[name])), name)
+            for name, groups in capacity.items()
+        )
         k = -minus_k
         lost += per_group * k
         chosen[name] = chosen.get(name, 0) + k
+        paid[name] = 0.0
         capacity[name] -= k
         free[name] -= k * scorer.group
         if not capacity[name]:
             del capacity[name]
         remaining -= k
-    if singles and len(chosen) > 1:
+    if singles:  # by total loss, whichever supernodes the greedy steps took
         single_lost, _, name = min(singles)
         if single_lost <= round(lost, 9):
             return [(name, wanted)], single_lost

@@ -56,6 +56,9 @@ class ArrivalHistory:
         self.history = GroupDemand()
         self._seen: set[object] = set()
 
+    def seen(self, key: object) -> bool:
+        return key in self._seen
+
     def arrive(self, key: object, accelerator: str, group_gpus: int) -> None:
         if key in self._seen:
             return
