@@ -848,8 +848,9 @@ class EvictionSearch:
 class ReleasedView(ClusterSnapshot):
     """The snapshot as it would be with `released` GPUs given back, without copying it.
 
-    Nodes with released GPUs are copies, and queries about their supernodes are answered from
-    the member nodes; everything else is the snapshot's own answer. The snapshot's private
+    Nodes with released GPUs are copies, and queries about their supernodes are the snapshot's
+    answer corrected by those nodes' changes (as its own histograms would be after releasing on
+    it); everything else is the snapshot's own answer. The snapshot's private
     indexes are not shared: a query that would read them raises AttributeError (callers fall
     back to with_released), so the view is never silently stale. Read-only: never book on it.
     """
@@ -859,23 +860,34 @@ class ReleasedView(ClusterSnapshot):
         self.supernodes = base.supernodes
         self.shape_version = base.shape_version
         changed: dict[str, NodeState] = {}
+        by_supernode: dict[str, list[tuple[NodeState, NodeState]]] = {}
+        nodes = base.nodes
         for name, gpus in released.items():
-            node = base.nodes.get(name)
+            node = nodes.get(name)
             if node is None or gpus <= 0:
                 continue  # a node that vanished took its allocation with it
-            changed[name] = NodeState(
-                name=node.name,
-                supernode=node.supernode,
-                gpus=node.gpus,
-                allocated=max(node.allocated - gpus, 0),
-                ready=node.ready,
-                cordoned=node.cordoned,
-                spare=node.spare,
-                tainted=node.tainted,
+            allocated = node.allocated - gpus
+            # Positional: thousands of nodes per plan, and keywords cost more than the copy itself.
+            copy = changed[name] = NodeState(
+                node.name,
+                node.supernode,
+                node.gpus,
+                allocated if allocated > 0 else 0,
+                node.ready,
+                node.cordoned,
+                node.spare,
+                node.tainted,
             )
+            pairs = by_supernode.get(node.supernode)
+            if pairs is None:
+                by_supernode[node.supernode] = [(node, copy)]
+            else:
+                pairs.append((node, copy))
         self._changed = changed
         self.nodes = ChainMap(changed, base.nodes)  # type: ignore[assignment]
-        self._touched = {node.supernode for node in changed.values()}
+        self._by_supernode = by_supernode
+        """Per touched supernode, its nodes (before, after) the release."""
+        self._touched = by_supernode.keys()
         self._totals: dict[tuple[str, int, bool], int] = {}
 
     def __getattr__(self, name: str) -> object:
@@ -886,17 +898,26 @@ class ReleasedView(ClusterSnapshot):
 
     def member_nodes(self, supernode: str) -> Iterator[NodeState]:
         changed, nodes = self._changed, self._base.nodes
-        for name in self.supernodes[supernode].nodes:
-            yield changed.get(name) or nodes[name]
+        # A list behind the iterator, not a generator: plan_gang asks for thousands of supernodes.
+        return iter([changed.get(name) or nodes[name] for name in self.supernodes[supernode].nodes])
 
     def _total(self, supernode: str, unit: int, include_spares: bool) -> int:
-        """Sum over member nodes of free // unit (unit 1: free GPUs), cached: the view never changes."""
+        """Sum over member nodes of free // unit (unit 1: free GPUs), cached: the view never changes.
+
+        The snapshot's own count, corrected by the released nodes only: a 48-node domain with one
+        node released costs one node, not 48."""
         key = (supernode, unit, include_spares)
         total = self._totals.get(key)
         if total is None:
-            total = self._totals[key] = sum(
-                n.free // unit for n in self.member_nodes(supernode) if include_spares or not n.spare
-            )
+            base = self._base
+            if unit == 1 and not include_spares:
+                total = base.largest_free_slice(supernode)  # kept as a running sum: no histogram walk
+            else:
+                total = base.pod_slots(supernode, unit, include_spares)
+            for before, after in self._by_supernode[supernode]:
+                if include_spares or not before.spare:
+                    total += after.free // unit - before.free // unit
+            self._totals[key] = total
         return total
 
     def pod_slots(self, supernode: str, gpus_per_pod: int, include_spares: bool = False) -> int:
