@@ -173,9 +173,13 @@ class _Victim:
         """No two replicas share a node: then gains of several replicas add up."""
         self.sns = sns
         """Supernodes it holds tracked nodes in."""
-        self.shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
-        self.top = self.shrinkable if self.shrinkable == n else self.shrinkable + 1
-        self.cost = [sum(replica_gpus[self.first(level) :]) for level in range(self.top + 1)]
+        self.shrinkable = shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
+        self.top = top = shrinkable if shrinkable == n else shrinkable + 1
+        # Suffix sums: a ladder of a hundred replicas would otherwise be summed a hundred times.
+        suffix = [0] * (n + 1)
+        for k in range(n - 1, -1, -1):
+            suffix[k] = suffix[k + 1] + replica_gpus[k]
+        self.cost = [suffix[n - level] if level <= shrinkable else suffix[0] for level in range(top + 1)]
 
     def first(self, level: int) -> int:
         """Index of the lowest replica the option releases (replicas first..n-1 go)."""
@@ -183,20 +187,24 @@ class _Victim:
         return n - level if level <= self.shrinkable else 0
 
 
-@dataclass
 class _Move:
     """Raise one victim from level `lo` to `hi`; `gain` is slots gained per supernode in the current state."""
 
-    victim: int
-    lo: int
-    hi: int
-    cost: int
-    delta: dict[str, int]
-    gain: dict[int, int]
-    alive: bool = True
-    version: int = 0
-    value: float = 0.0
-    whole_groups: int = 0
+    # A slotted class, not a dataclass: the greedy makes one or two per candidate (thousands) per call.
+    __slots__ = ("alive", "cost", "delta", "gain", "hi", "lo", "value", "version", "victim", "whole_groups")
+
+    def __init__(self, victim: int, lo: int, hi: int, cost: int, gain: dict[int, int]):
+        self.victim = victim
+        self.lo = lo
+        self.hi = hi
+        self.cost = cost
+        self.delta: dict[str, int] | None = None
+        """EvictionSearch._delta, fetched when first needed: most moves are only ever scored."""
+        self.gain = gain
+        self.alive = True
+        self.version = 0
+        self.value = 0.0
+        self.whole_groups = 0
 
 
 Released = tuple[tuple[int, int, int, int, int], ...]
@@ -207,7 +215,7 @@ per node, in the order of the name-keyed delta (float partial credit is summed i
 class _State:
     """Released GPUs per tracked node, and the slot and group counts they give.
 
-    Nodes are list indices (EvictionSearch.node_index), not names: apply runs millions of times
+    Nodes are list indices (EvictionSearch.node_of), not names: apply runs millions of times
     in the exact search, where a name's dict lookups were most of the cost."""
 
     __slots__ = ("groups", "nslots", "partial", "rel", "search", "sslots")
@@ -276,10 +284,10 @@ class _State:
                 out[j] = out.get(j, 0) + slots - old
         return out
 
-    def node_gain(self, name: str, d: int, released: int) -> int:
-        """Slots node `name` gains from `d` more GPUs when `released` are already given back."""
-        gpus, alloc, _, _ = self.search.node_info[name]
-        gpp = self.search.gpp
+    def node_gain(self, i: int, d: int, released: int) -> int:
+        """Slots tracked node `i` gains from `d` more GPUs when `released` are already given back."""
+        s = self.search
+        gpus, alloc, gpp = s.node_gpus[i], s.node_alloc[i], s.gpp
         before = gpus - max(alloc - released, 0)
         after = gpus - max(alloc - released - d, 0)
         return max(after, 0) // gpp - max(before, 0) // gpp
@@ -314,11 +322,25 @@ class EvictionSearch:
         # One group per pod slot: where a slot is does not matter, so every supernode counts as one.
         self.flat = flat = per_group == 1
         self.sn_names: list[str] = ["*"] if flat else []
-        info: dict[str, tuple[int, int, int, int] | None] = {}
-        owner: dict[str, int] = {}
-        shared: dict[str, list[int]] = {}
-        index: dict[str, int] = {}
+        node_of: dict[str, int] = {}
+        # Per tracked node, by index: lists, not a tuple per node (a call meets ~25,000 nodes).
+        node_gpus: list[int] = []
+        node_alloc: list[int] = []
+        node_sn: list[int] = []
         slots_now: list[int] = []
+        add_gpus, add_alloc, add_sn_of, add_slots = (
+            node_gpus.append,
+            node_alloc.append,
+            node_sn.append,
+            slots_now.append,
+        )
+        owner: list[int] = []
+        """Per tracked node, the first candidate seen with part of it (-1: none yet)."""
+        add_owner = owner.append
+        shared: dict[str, list[int]] = {}
+        sn_names = self.sn_names
+        claim = node_of.setdefault
+        k = 0  # tracked nodes so far: the index the next one gets
         self.victims: list[_Victim] = []
         for v, gang in enumerate(gangs):
             replica_rel: list[dict[str, int]] = []
@@ -338,10 +360,12 @@ class EvictionSearch:
                 dropped = False
                 last_sn = -1
                 for name, g in per_node.items():
-                    t = info.get(name, _UNSEEN)
-                    if t is _UNSEEN:
-                        t = None  # unless tracked below: the GPUs still count as evicted, but give nothing
+                    # One lookup both finds a node and, on first sight, gives it the next index: nearly
+                    # every node is met once, and at 25,000 nodes the dict lookups are the cost.
+                    i = claim(name, k)
+                    if i == k:
                         node = nodes.get(name)
+                        j = -1
                         # node.usable, inlined: this loop visits every node the running gangs hold.
                         if (
                             node is not None
@@ -350,37 +374,50 @@ class EvictionSearch:
                             and not node.tainted
                             and (recovery or not node.spare)
                         ):
-                            j = sn_index.get(node.supernode)
+                            sn_name = node.supernode
+                            j = sn_index.get(sn_name)
                             if j is None:
                                 j = -1
-                                sn = supernodes.get(node.supernode)
+                                sn = supernodes.get(sn_name)
                                 if sn is not None and sn.accelerator == accelerator:
-                                    j = 0 if flat else len(self.sn_names)
+                                    j = 0 if flat else len(sn_names)
                                     if not flat:
-                                        self.sn_names.append(node.supernode)
-                                sn_index[node.supernode] = j
-                            if j >= 0:
-                                free = node.gpus - node.allocated
-                                t = (node.gpus, node.allocated, j, free // gpp if free > 0 else 0)
-                                index[name] = len(slots_now)
-                                slots_now.append(t[3])
-                        info[name] = t
-                    if t is None:
+                                        sn_names.append(sn_name)
+                                sn_index[sn_name] = j
+                        if j < 0:
+                            node_of[name] = -1  # the GPUs still count as evicted, but give the request nothing
+                            dropped = True
+                            continue
+                        k += 1
+                        node_gpus_i = node.gpus
+                        allocated = node.allocated
+                        free = node_gpus_i - allocated
+                        slots0 = free // gpp if free > 0 else 0
+                        add_gpus(node_gpus_i)
+                        add_alloc(allocated)
+                        add_sn_of(j)
+                        add_slots(slots0)
+                        add_owner(-1)
+                    elif i < 0:
                         dropped = True
                         continue
-                    node_gpus, allocated, j, slots0 = t
+                    else:
+                        node_gpus_i = node_gpus[i]
+                        allocated = node_alloc[i]
+                        j = node_sn[i]
+                        slots0 = slots_now[i]
                     if j != last_sn:  # a replica's nodes come supernode by supernode
                         add_sn(j)
                         last_sn = j
                     held = allocated - g
-                    free = node_gpus - (held if held > 0 else 0)
+                    free = node_gpus_i - (held if held > 0 else 0)
                     gained = (free // gpp if free > 0 else 0) - slots0
                     if gained:
                         gain[j] = gain.get(j, 0) + gained
-                    if g < node_gpus:  # the node has room for other pods: note who else holds GPUs there
-                        first = owner.get(name)
-                        if first is None:
-                            owner[name] = v
+                    if g < node_gpus_i:  # the node has room for other pods: note who else holds GPUs there
+                        first = owner[i]
+                        if first < 0:
+                            owner[i] = v
                         elif first == v:
                             disjoint = False  # an earlier replica of this gang is on the node too
                         else:
@@ -388,16 +425,19 @@ class EvictionSearch:
                             if users[-1] != v:
                                 users.append(v)
                 if dropped:
-                    per_node = {name: g for name, g in per_node.items() if info[name] is not None}
+                    per_node = {name: g for name, g in per_node.items() if node_of[name] >= 0}
                 replica_rel.append(per_node)
                 replica_gain.append(gain)
             self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns))
-        self.node_info: dict[str, tuple[int, int, int, int]] = info  # type: ignore[assignment]
-        """Tracked nodes (the request's accelerator, usable, spares only on recovery): name -> (GPUs,
-        allocated, supernode index, pod slots now); None where a release gives the request nothing."""
-        self.node_index = index
-        """Tracked node -> its index in _State's lists."""
+        self.node_of = node_of
+        """Node name -> its index in the per-node lists and _State's; -1 where a release gives the request
+        nothing (not the request's accelerator, unusable, a spare off recovery)."""
+        self.node_gpus = node_gpus
+        self.node_alloc = node_alloc
+        self.node_sn = node_sn
+        """Supernode index of each tracked node."""
         self.node_slots0 = slots_now
+        """Pod slots of each tracked node now."""
         if flat:
             self.sn_slots0 = [0]  # only changes count: groups are slots
         else:
@@ -551,9 +591,13 @@ class EvictionSearch:
         key = (v, lo, hi)
         out = self._released.get(key)
         if out is None:
-            index, info = self.node_index, self.node_info
+            node_of, gpus, alloc, sn = self.node_of, self.node_gpus, self.node_alloc, self.node_sn
             out = self._released[key] = tuple(
-                (index[name], d, *info[name][:3]) for name, d in self._delta(v, lo, hi).items()
+                [
+                    (i, d, gpus[i], alloc[i], sn[i])
+                    for name, d in self._delta(v, lo, hi).items()
+                    for i in (node_of[name],)
+                ]
             )
         return out
 
@@ -572,24 +616,6 @@ class EvictionSearch:
         if groups >= target:
             return float(target)
         return groups + min(partial, _PARTIAL_CREDIT * (target - groups))
-
-    def _score(self, st: _State, move: _Move, target: int) -> None:
-        per_group, phi = self.per_group, self.phi
-        sslots = st.sslots
-        whole = 0
-        partial = 0.0
-        if self.flat:
-            whole = sum(move.gain.values())
-        else:
-            for j, g in move.gain.items():
-                before = sslots[j]
-                after = before + g
-                whole += after // per_group - before // per_group
-                partial += phi[after % per_group] - phi[before % per_group]
-        move.whole_groups = whole
-        move.value = self._potential(st.groups + whole, st.partial + partial, target) - self._potential(
-            st.groups, st.partial, target
-        )
 
     def _greedy(
         self,
@@ -610,45 +636,70 @@ class EvictionSearch:
         tick = count()
         step = 0
         moves_of: dict[int, list[_Move]] = {}
-
-        def key(m: _Move) -> tuple:
-            victim = self.victims[m.victim]
-            # Best room per GPU; then finished groups (whole domains); bigger moves (fewer victims); low priority.
-            return (-round(m.value / m.cost, 12), -m.whole_groups, -m.cost, victim.gang.priority, victim.gang.name)
+        victims = self.victims
+        per_group, phi, flat = self.per_group, self.phi, self.flat
+        sslots = st.sslots  # updated in place by st.apply
+        heappush = heapq.heappush
+        potential = self._potential
+        now = potential(st.groups, st.partial, target)  # every score until the next pick is measured from it
 
         def push(m: _Move) -> None:
-            self._score(st, m, target)
+            """Score m in the current state and queue it if it helps and fits the budget."""
+            whole = 0
+            partial = 0.0
+            if flat:
+                whole = sum(m.gain.values())
+            else:
+                for j, g in m.gain.items():
+                    before = sslots[j]
+                    after = before + g
+                    whole += after // per_group - before // per_group
+                    partial += phi[after % per_group] - phi[before % per_group]
+            m.whole_groups = whole
+            m.value = value = potential(st.groups + whole, st.partial + partial, target) - now
             m.version += 1
-            if m.value > 1e-12 and (budget is None or m.cost <= budget - spent):
-                heapq.heappush(heap, (key(m), next(tick), step, m.version, m))
+            if value > 1e-12 and (budget is None or m.cost <= budget - spent):
+                gang = victims[m.victim].gang
+                # Best room per GPU; then finished groups (whole domains); bigger moves (fewer victims); low priority.
+                key = (-round(value / m.cost, 12), -whole, -m.cost, gang.priority, gang.name)
+                heappush(heap, (key, next(tick), step, m.version, m))
+
+        def delta_of(m: _Move) -> dict[str, int]:
+            delta = m.delta
+            if delta is None:
+                delta = m.delta = self._delta(m.victim, m.lo, m.hi)
+            return delta
 
         def make_moves(v: int) -> None:
             lo, lim = levels[v], limits[v]
+            victim = victims[v]
             out = []
-            for hi in sorted({lo + 1, lim}):
-                if lo < hi <= lim:
-                    delta = self._delta(v, lo, hi)
-                    if not delta:
-                        continue
-                    victim = self.victims[v]
-                    if pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
-                        gain = {}
-                        for replica_gain in victim.replica_gain[victim.first(hi) : victim.first(lo)]:
-                            for j, g in replica_gain.items():
-                                gain[j] = gain.get(j, 0) + g
-                    else:
-                        gain = st.gain(self._rel(v, lo, hi))
-                    out.append(_Move(v, lo, hi, victim.cost[hi] - victim.cost[lo], delta, gain))
+            first_lo = victim.first(lo)
+            for hi in (lo + 1, lim) if lim > lo + 1 else (lim,) if lim > lo else ():
+                first_hi = victim.first(hi)
+                if not any(victim.replica_rel[first_hi:first_lo]):
+                    continue  # releases nothing the request could use, now or later
+                if pristine and first_lo - first_hi == 1:
+                    # One replica on the untouched snapshot: what it frees alone (a copy: gains change later).
+                    gain = dict(victim.replica_gain[first_hi])
+                elif pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
+                    gain = {}
+                    for replica_gain in victim.replica_gain[first_hi:first_lo]:
+                        for j, g in replica_gain.items():
+                            gain[j] = gain.get(j, 0) + g
+                else:
+                    gain = st.gain(self._rel(v, lo, hi))
+                out.append(_Move(v, lo, hi, victim.cost[hi] - victim.cost[lo], gain))
             moves_of[v] = out
             for m in out:
                 push(m)
 
         spent = 0
-        for v in range(len(self.victims)):
-            if limits[v] > levels[v] and self.victims[v].sns and (allowed is None or v in allowed):
+        for v in range(len(victims)) if allowed is None else sorted(allowed):
+            if limits[v] > levels[v] and victims[v].sns:
                 make_moves(v)
         shared = self.node_victims
-        index = self.node_index
+        node_of = self.node_of
         while st.groups < target and heap:
             _, _, stamp, version, m = heapq.heappop(heap)
             if not m.alive or version != m.version:
@@ -659,8 +710,9 @@ class EvictionSearch:
                 push(m)
                 continue
             pristine = False
-            old_rel = {name: st.rel[index[name]] for name in m.delta if name in shared}
+            old_rel = {name: st.rel[node_of[name]] for name in delta_of(m) if name in shared} if shared else {}
             st.apply(self._rel(m.victim, m.lo, m.hi), +1)
+            now = potential(st.groups, st.partial, target)
             spent += m.cost
             levels[m.victim] = m.hi
             for old in moves_of.pop(m.victim, ()):
@@ -669,17 +721,18 @@ class EvictionSearch:
             dirty: dict[int, _Move] = {}
             # Moves of other victims on the same nodes: their slot gains there changed.
             for name, before in old_rel.items():
-                after = st.rel[index[name]]
+                i = node_of[name]
+                after = st.rel[i]
                 for u in shared[name]:
                     if u == m.victim:
                         continue
                     for other in moves_of.get(u, ()):
-                        d = other.delta.get(name)
+                        d = delta_of(other).get(name)
                         if d is None:
                             continue
-                        change = st.node_gain(name, d, after) - st.node_gain(name, d, before)
+                        change = st.node_gain(i, d, after) - st.node_gain(i, d, before)
                         if change:
-                            j = self.node_info[name][2]
+                            j = self.node_sn[i]
                             other.gain[j] = other.gain.get(j, 0) + change
                         dirty[id(other)] = other
             # Moves on the supernodes whose slot counts changed: their room gained changed (when
