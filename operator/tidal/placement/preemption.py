@@ -151,7 +151,18 @@ class _Victim:
     """A candidate gang as a ladder of options: level l <= shrinkable gives back its top l replicas,
     level `top` suspends it whole. Releases are kept per replica, summed per tracked node."""
 
-    __slots__ = ("cost", "disjoint", "gang", "index", "replica_gain", "replica_rel", "shrinkable", "sns", "top")
+    __slots__ = (
+        "cost",
+        "disjoint",
+        "gang",
+        "index",
+        "replica_gain",
+        "replica_rel",
+        "shrinkable",
+        "sns",
+        "stacked",
+        "top",
+    )
 
     def __init__(
         self,
@@ -162,6 +173,7 @@ class _Victim:
         replica_gain: list[dict[int, int]],
         disjoint: bool,
         sns: set[int],
+        stacked: bool = False,
     ):
         n = len(gang.replicas)
         self.index = index
@@ -173,6 +185,8 @@ class _Victim:
         """No two replicas share a node: then gains of several replicas add up."""
         self.sns = sns
         """Supernodes it holds tracked nodes in."""
+        self.stacked = stacked
+        """Two of its replicas share a node only it holds (unlike `disjoint`, whatever their sizes)."""
         self.shrinkable = shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
         self.top = top = shrinkable if shrinkable == n else shrinkable + 1
         # Suffix sums: a ladder of a hundred replicas would otherwise be summed a hundred times.
@@ -208,15 +222,21 @@ class _Move:
 
 
 Released = tuple[tuple[int, int, int, int, int], ...]
-"""A release compiled for _State: (tracked node index, GPUs, node GPUs, allocated, supernode index)
-per node, in the order of the name-keyed delta (float partial credit is summed in that order)."""
+"""A release compiled for _State, in the order of the name-keyed delta (float partial credit is
+summed in that order). A node other candidates also hold: (tracked node index, GPUs, node GPUs,
+allocated, supernode index). A node only this candidate holds: (-1, slots it frees, 0, 0,
+supernode index), left out where it frees none, and when groups are slots all such nodes are one
+entry (their sum). What such a node frees depends only on the candidate's own level, and a release
+from lo to hi is only ever applied with the candidate at lo (or taken back with it at hi)."""
 
 
 class _State:
     """Released GPUs per tracked node, and the slot and group counts they give.
 
     Nodes are list indices (EvictionSearch.node_of), not names: apply runs millions of times
-    in the exact search, where a name's dict lookups were most of the cost."""
+    in the exact search, where a name's dict lookups were most of the cost. Only nodes several
+    candidates hold keep their released GPUs here (see Released); rel and nslots of the others
+    stay as they started."""
 
     __slots__ = ("groups", "nslots", "partial", "rel", "search", "sslots")
 
@@ -234,6 +254,13 @@ class _State:
         rel, nslots, sslots = self.rel, self.nslots, self.sslots
         groups, partial = self.groups, self.partial
         for i, d, gpus, alloc, j in delta:
+            if i < 0:  # a node of this candidate alone: d slots
+                before = sslots[j]
+                after = before + sign * d
+                sslots[j] = after
+                groups += after // per_group - before // per_group
+                partial += phi[after % per_group] - phi[before % per_group]
+                continue
             r = rel[i] + sign * d
             rel[i] = r
             held = alloc - r
@@ -256,6 +283,12 @@ class _State:
         rel, nslots, sslots = self.rel, self.nslots, self.sslots
         groups = self.groups
         for i, d, gpus, alloc, j in delta:
+            if i < 0:
+                before = sslots[j]
+                after = before + sign * d
+                sslots[j] = after
+                groups += after // per_group - before // per_group
+                continue
             r = rel[i] + sign * d
             rel[i] = r
             held = alloc - r
@@ -276,6 +309,9 @@ class _State:
         rel, nslots = self.rel, self.nslots
         out: dict[int, int] = {}
         for i, d, gpus, alloc, j in delta:
+            if i < 0:
+                out[j] = out.get(j, 0) + d
+                continue
             held = alloc - rel[i] - d
             free = gpus - (held if held > 0 else 0)
             slots = free // gpp if free > 0 else 0
@@ -337,6 +373,9 @@ class EvictionSearch:
         owner: list[int] = []
         """Per tracked node, the first candidate seen with part of it (-1: none yet)."""
         add_owner = owner.append
+        holder: list[int] = []
+        """Per tracked node, the one candidate holding GPUs on it, or -2 when several do."""
+        add_holder = holder.append
         shared: dict[str, list[int]] = {}
         sn_names = self.sn_names
         claim = node_of.setdefault
@@ -347,6 +386,7 @@ class EvictionSearch:
             replica_gpus: list[int] = []
             replica_gain: list[dict[int, int]] = []
             disjoint = True
+            stacked = False  # two of its replicas on a node no other candidate holds
             sns: set[int] = set()
             add_sn = sns.add
             for replica in gang.replicas:
@@ -398,10 +438,15 @@ class EvictionSearch:
                         add_sn_of(j)
                         add_slots(slots0)
                         add_owner(-1)
+                        add_holder(v)
                     elif i < 0:
                         dropped = True
                         continue
                     else:
+                        if holder[i] != v:
+                            holder[i] = -2
+                        else:
+                            stacked = True
                         node_gpus_i = node_gpus[i]
                         allocated = node_alloc[i]
                         j = node_sn[i]
@@ -428,7 +473,7 @@ class EvictionSearch:
                     per_node = {name: g for name, g in per_node.items() if node_of[name] >= 0}
                 replica_rel.append(per_node)
                 replica_gain.append(gain)
-            self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns))
+            self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns, stacked))
         self.node_of = node_of
         """Node name -> its index in the per-node lists and _State's; -1 where a release gives the request
         nothing (not the request's accelerator, unusable, a spare off recovery)."""
@@ -438,6 +483,7 @@ class EvictionSearch:
         """Supernode index of each tracked node."""
         self.node_slots0 = slots_now
         """Pod slots of each tracked node now."""
+        self.node_holder = holder
         if flat:
             self.sn_slots0 = [0]  # only changes count: groups are slots
         else:
@@ -591,14 +637,38 @@ class EvictionSearch:
         key = (v, lo, hi)
         out = self._released.get(key)
         if out is None:
-            node_of, gpus, alloc, sn = self.node_of, self.node_gpus, self.node_alloc, self.node_sn
-            out = self._released[key] = tuple(
-                [
-                    (i, d, gpus[i], alloc[i], sn[i])
-                    for name, d in self._delta(v, lo, hi).items()
-                    for i in (node_of[name],)
-                ]
+            node_of, gpus, alloc, sn, holder = (
+                self.node_of,
+                self.node_gpus,
+                self.node_alloc,
+                self.node_sn,
+                self.node_holder,
             )
+            gpp = self.gpp
+            # What the candidate's lower replicas (released at level lo) free already, where they share its nodes.
+            below = self._delta(v, 0, lo) if lo and self.victims[v].stacked else None
+            entries: list[tuple[int, int, int, int, int]] = []
+            alone = 0  # slots from nodes of this candidate alone, when groups are slots
+            for name, d in self._delta(v, lo, hi).items():
+                i = node_of[name]
+                if holder[i] != v:
+                    entries.append((i, d, gpus[i], alloc[i], sn[i]))
+                    continue
+                node_gpus = gpus[i]
+                held = alloc[i] - (below.get(name, 0) if below else 0)
+                free = node_gpus - (held if held > 0 else 0)
+                before = free // gpp if free > 0 else 0
+                held -= d
+                free = node_gpus - (held if held > 0 else 0)
+                freed = (free // gpp if free > 0 else 0) - before
+                if freed:
+                    if self.flat:
+                        alone += freed
+                    else:
+                        entries.append((-1, freed, 0, 0, sn[i]))
+            if alone:
+                entries.append((-1, alone, 0, 0, 0))
+            out = self._released[key] = tuple(entries)
         return out
 
     def _choice(self, levels: list[int], groups: int) -> Choice:
@@ -631,7 +701,7 @@ class EvictionSearch:
         Returns the GPUs it added. Gains are kept per move and supernode; a pick re-scores only the
         moves on the supernodes it changed and fixes the gains of moves sharing its nodes.
         """
-        pristine = not any(st.rel)
+        pristine = not any(levels)  # (st holds exactly what levels release)
         heap: list[tuple[tuple, int, int, int, _Move]] = []
         tick = count()
         step = 0
@@ -852,7 +922,7 @@ class EvictionSearch:
                 delta = self._rel(v, hi, lo)
                 cur.apply_groups(delta, -1)
                 opt.apply_groups(delta, -1)
-            work += len(delta)
+            work += len(self._delta(v, min(lo, hi), max(lo, hi)))  # nodes, however the release is compiled
 
         def dfs(k: int, gpus: int, nvict: int, prio: int) -> None:
             nonlocal best_obj, best_levels, explored, work
@@ -871,7 +941,8 @@ class EvictionSearch:
             # opt held v at its limit: from here on it holds v at the level tried.
             delta = self._rel(v, 0, lim)
             opt.apply_groups(delta, -1)
-            work += len(delta)
+            nodes = len(self._delta(v, 0, lim))
+            work += nodes
             level = 0
             while True:
                 if opt.groups >= target:  # else not even with everything left: only a higher level of v may do
@@ -886,7 +957,7 @@ class EvictionSearch:
             if level:
                 move(v, level, 0)
             opt.apply_groups(delta, +1)
-            work += len(delta)
+            work += nodes
 
         dfs(0, 0, 0, 0)
         if best_levels is None:
