@@ -189,6 +189,9 @@ class _Victim:
         """Two of its replicas share a node only it holds (unlike `disjoint`, whatever their sizes)."""
         self.shrinkable = shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
         self.top = top = shrinkable if shrinkable == n else shrinkable + 1
+        if not shrinkable:  # not elastic: nothing, or all of it
+            self.cost = [0, sum(replica_gpus)] if top else [0]
+            return
         # Suffix sums: a ladder of a hundred replicas would otherwise be summed a hundred times.
         suffix = [0] * (n + 1)
         for k in range(n - 1, -1, -1):
@@ -359,23 +362,17 @@ class EvictionSearch:
         self.flat = flat = per_group == 1
         self.sn_names: list[str] = ["*"] if flat else []
         node_of: dict[str, int] = {}
-        # Per tracked node, by index: lists, not a tuple per node (a call meets ~25,000 nodes).
-        node_gpus: list[int] = []
-        node_alloc: list[int] = []
-        node_sn: list[int] = []
-        slots_now: list[int] = []
-        add_gpus, add_alloc, add_sn_of, add_slots = (
-            node_gpus.append,
-            node_alloc.append,
-            node_sn.append,
-            slots_now.append,
-        )
-        owner: list[int] = []
+        # Per tracked node, by index: lists, not a tuple per node (a call meets ~25,000 nodes), sized
+        # for every node up front and cut to the tracked ones after (a store is cheaper than an append).
+        most = len(nodes)
+        node_gpus = [0] * most
+        node_alloc = [0] * most
+        node_sn = [0] * most
+        slots_now = [0] * most
+        owner = [-1] * most
         """Per tracked node, the first candidate seen with part of it (-1: none yet)."""
-        add_owner = owner.append
-        holder: list[int] = []
+        holder = [-1] * most
         """Per tracked node, the one candidate holding GPUs on it, or -2 when several do."""
-        add_holder = holder.append
         shared: dict[str, list[int]] = {}
         sn_names = self.sn_names
         claim = node_of.setdefault
@@ -399,6 +396,7 @@ class EvictionSearch:
                 gain: dict[int, int] = {}
                 dropped = False
                 last_sn = -1
+                run = 0  # slots gained on last_sn's nodes so far: added to `gain` when the supernode changes
                 for name, g in per_node.items():
                     # One lookup both finds a node and, on first sight, gives it the next index: nearly
                     # every node is met once, and at 25,000 nodes the dict lookups are the cost.
@@ -433,12 +431,11 @@ class EvictionSearch:
                         allocated = node.allocated
                         free = node_gpus_i - allocated
                         slots0 = free // gpp if free > 0 else 0
-                        add_gpus(node_gpus_i)
-                        add_alloc(allocated)
-                        add_sn_of(j)
-                        add_slots(slots0)
-                        add_owner(-1)
-                        add_holder(v)
+                        node_gpus[i] = node_gpus_i
+                        node_alloc[i] = allocated
+                        node_sn[i] = j
+                        slots_now[i] = slots0
+                        holder[i] = v
                     elif i < 0:
                         dropped = True
                         continue
@@ -452,13 +449,14 @@ class EvictionSearch:
                         j = node_sn[i]
                         slots0 = slots_now[i]
                     if j != last_sn:  # a replica's nodes come supernode by supernode
+                        if run:
+                            gain[last_sn] = gain.get(last_sn, 0) + run
+                            run = 0
                         add_sn(j)
                         last_sn = j
                     held = allocated - g
                     free = node_gpus_i - (held if held > 0 else 0)
-                    gained = (free // gpp if free > 0 else 0) - slots0
-                    if gained:
-                        gain[j] = gain.get(j, 0) + gained
+                    run += (free // gpp if free > 0 else 0) - slots0
                     if g < node_gpus_i:  # the node has room for other pods: note who else holds GPUs there
                         first = owner[i]
                         if first < 0:
@@ -469,11 +467,15 @@ class EvictionSearch:
                             users = shared.setdefault(name, [first])
                             if users[-1] != v:
                                 users.append(v)
+                if run:
+                    gain[last_sn] = gain.get(last_sn, 0) + run
                 if dropped:
                     per_node = {name: g for name, g in per_node.items() if node_of[name] >= 0}
                 replica_rel.append(per_node)
                 replica_gain.append(gain)
             self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns, stacked))
+        for per_node_list in (node_gpus, node_alloc, node_sn, slots_now, holder):
+            del per_node_list[k:]
         self.node_of = node_of
         """Node name -> its index in the per-node lists and _State's; -1 where a release gives the request
         nothing (not the request's accelerator, unusable, a spare off recovery)."""
