@@ -986,7 +986,10 @@ class ReleasedView(ClusterSnapshot):
         self.supernodes = base.supernodes
         self.shape_version = base.shape_version
         changed: dict[str, NodeState] = {}
-        by_supernode: dict[str, list[tuple[NodeState, NodeState]]] = {}
+        # Released nodes per supernode: names only, and a list only where there are several (a
+        # plan touches thousands of supernodes; the fewer objects kept, the less garbage collection).
+        first: dict[str, str] = {}
+        more: dict[str, list[str]] = {}
         nodes = base.nodes
         for name, gpus in released.items():
             node = nodes.get(name)
@@ -1004,17 +1007,19 @@ class ReleasedView(ClusterSnapshot):
                 node.spare,
                 node.tainted,
             )
-            pairs = by_supernode.get(node.supernode)
-            if pairs is None:
-                by_supernode[node.supernode] = [(node, copy)]
-            else:
-                pairs.append((node, copy))
+            seen = first.setdefault(copy.supernode, name)
+            if seen is not name:
+                names = more.get(copy.supernode)
+                if names is None:
+                    more[copy.supernode] = [seen, name]
+                else:
+                    names.append(name)
         self._changed = changed
         self.nodes = ChainMap(changed, base.nodes)  # type: ignore[assignment]
-        self._by_supernode = by_supernode
-        """Per touched supernode, its nodes (before, after) the release."""
-        self._touched = by_supernode.keys()
-        self._totals: dict[tuple[str, int, bool], int] = {}
+        self._first = first
+        self._more = more
+        self._touched = first.keys()
+        self._totals: dict[tuple[int, bool], dict[str, int]] = {}
 
     def __getattr__(self, name: str) -> object:
         """Public data the view does not overlay (caches of the cluster's shape) comes from the snapshot."""
@@ -1032,18 +1037,31 @@ class ReleasedView(ClusterSnapshot):
 
         The snapshot's own count, corrected by the released nodes only: a 48-node domain with one
         node released costs one node, not 48."""
-        key = (supernode, unit, include_spares)
-        total = self._totals.get(key)
+        totals = self._totals.get((unit, include_spares))
+        if totals is None:
+            totals = self._totals[unit, include_spares] = {}
+        total = totals.get(supernode)
         if total is None:
-            base = self._base
-            if unit == 1 and not include_spares:
-                total = base.largest_free_slice(supernode)  # kept as a running sum: no histogram walk
+            names = self._more.get(supernode) or (self._first[supernode],)
+            changed = self._changed
+            if len(names) == len(self.supernodes[supernode].nodes):  # all of it released (an 8-GPU server)
+                total = 0
+                for name in names:
+                    after = changed[name]
+                    if include_spares or not after.spare:
+                        total += after.free // unit
             else:
-                total = base.pod_slots(supernode, unit, include_spares)
-            for before, after in self._by_supernode[supernode]:
-                if include_spares or not before.spare:
-                    total += after.free // unit - before.free // unit
-            self._totals[key] = total
+                base = self._base
+                if unit == 1 and not include_spares:
+                    total = base.largest_free_slice(supernode)  # kept as a running sum: no histogram walk
+                else:
+                    total = base.pod_slots(supernode, unit, include_spares)
+                nodes = base.nodes
+                for name in names:
+                    after = changed[name]
+                    if include_spares or not after.spare:
+                        total += after.free // unit - nodes[name].free // unit
+            totals[supernode] = total
         return total
 
     def pod_slots(self, supernode: str, gpus_per_pod: int, include_spares: bool = False) -> int:
