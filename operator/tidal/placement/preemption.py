@@ -156,6 +156,7 @@ class _Victim:
         "disjoint",
         "gang",
         "index",
+        "n",
         "replica_gain",
         "replica_rel",
         "shrinkable",
@@ -175,7 +176,7 @@ class _Victim:
         sns: set[int],
         stacked: bool = False,
     ):
-        n = len(gang.replicas)
+        self.n = n = len(gang.replicas)
         self.index = index
         self.gang = gang
         self.replica_rel = replica_rel
@@ -200,8 +201,7 @@ class _Victim:
 
     def first(self, level: int) -> int:
         """Index of the lowest replica the option releases (replicas first..n-1 go)."""
-        n = len(self.gang.replicas)
-        return n - level if level <= self.shrinkable else 0
+        return self.n - level if level <= self.shrinkable else 0
 
 
 class _Move:
@@ -714,6 +714,7 @@ class EvictionSearch:
         heappush = heapq.heappush
         potential = self._potential
         now = potential(st.groups, st.partial, target)  # every score until the next pick is measured from it
+        cap = _PARTIAL_CREDIT
 
         def push(m: _Move) -> None:
             """Score m in the current state and queue it if it helps and fits the budget."""
@@ -728,7 +729,13 @@ class EvictionSearch:
                     whole += after // per_group - before // per_group
                     partial += phi[after % per_group] - phi[before % per_group]
             m.whole_groups = whole
-            m.value = value = potential(st.groups + whole, st.partial + partial, target) - now
+            groups = st.groups + whole
+            # _potential(groups, st.partial + partial, target) - now, inlined: thousands of scores per call.
+            if groups >= target:
+                value = float(target) - now
+            else:
+                value = groups + min(st.partial + partial, cap * (target - groups)) - now
+            m.value = value
             m.version += 1
             if value > 1e-12 and (budget is None or m.cost <= budget - spent):
                 gang = victims[m.victim].gang
@@ -746,9 +753,10 @@ class EvictionSearch:
             lo, lim = levels[v], limits[v]
             victim = victims[v]
             out = []
-            first_lo = victim.first(lo)
+            n, shrinkable = victim.n, victim.shrinkable
+            first_lo = n - lo if lo <= shrinkable else 0  # victim.first, inlined
             for hi in (lo + 1, lim) if lim > lo + 1 else (lim,) if lim > lo else ():
-                first_hi = victim.first(hi)
+                first_hi = n - hi if hi <= shrinkable else 0
                 if not any(victim.replica_rel[first_hi:first_lo]):
                     continue  # releases nothing the request could use, now or later
                 if pristine and first_lo - first_hi == 1:
