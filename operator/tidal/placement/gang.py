@@ -252,7 +252,14 @@ def _assign_nodes(
             if free >= gpp and (recovery or not n.spare):
                 members.append((not n.spare if spares_first else n.spare, free, n.name))
         members.sort()  # fullest first; others' spares last
-        pod_slots = [name for _, free, name in members for _ in range(free // gpp)]
+        pod_slots: list[str] = []
+        add_slot = pod_slots.append
+        for _, free, name in members:
+            slots = free // gpp
+            if slots == 1:  # the usual case near full: no list or range per node
+                add_slot(name)
+            else:
+                pod_slots += [name] * slots
         for i in range(count):
             nodes = tuple(pod_slots[i * per_group : (i + 1) * per_group])
             k = len(groups)

@@ -998,34 +998,56 @@ class ReleasedView(ClusterSnapshot):
         # plan touches thousands of supernodes; the fewer objects kept, the less garbage collection).
         first: dict[str, str] = {}
         more: dict[str, list[str]] = {}
+        # Free GPUs of each released node before and after (node.free, read once, not per query),
+        # and the change in free non-spare GPUs per supernode (largest_free_slice, for all of them).
+        free_before: dict[str, int] = {}
+        free_after: dict[str, int] = {}
+        freed: dict[str, int] = {}
         nodes = base.nodes
         for name, gpus in released.items():
             node = nodes.get(name)
             if node is None or gpus <= 0:
                 continue  # a node that vanished took its allocation with it
             allocated = node.allocated - gpus
+            if allocated < 0:
+                allocated = 0
+            supernode = node.supernode
             # Positional: thousands of nodes per plan, and keywords cost more than the copy itself.
-            copy = changed[name] = NodeState(
+            changed[name] = NodeState(
                 node.name,
-                node.supernode,
+                supernode,
                 node.gpus,
-                allocated if allocated > 0 else 0,
+                allocated,
                 node.ready,
                 node.cordoned,
                 node.spare,
                 node.tainted,
             )
-            seen = first.setdefault(copy.supernode, name)
+            if node.ready and not node.cordoned and not node.tainted:  # NodeState.free, inlined
+                before = node.gpus - node.allocated
+                before = before if before > 0 else 0
+                after = node.gpus - allocated
+                after = after if after > 0 else 0
+            else:
+                before = after = 0
+            free_before[name] = before
+            free_after[name] = after
+            if not node.spare:
+                freed[supernode] = freed.get(supernode, 0) + after - before
+            seen = first.setdefault(supernode, name)
             if seen is not name:
-                names = more.get(copy.supernode)
+                names = more.get(supernode)
                 if names is None:
-                    more[copy.supernode] = [seen, name]
+                    more[supernode] = [seen, name]
                 else:
                     names.append(name)
         self._changed = changed
         self.nodes = ChainMap(changed, base.nodes)  # type: ignore[assignment]
         self._first = first
         self._more = more
+        self._free_before = free_before
+        self._free_after = free_after
+        self._freed = freed
         self._touched = first.keys()
         self._totals: dict[tuple[int, bool], dict[str, int]] = {}
 
@@ -1045,30 +1067,26 @@ class ReleasedView(ClusterSnapshot):
 
         The snapshot's own count, corrected by the released nodes only: a 48-node domain with one
         node released costs one node, not 48."""
+        if unit == 1 and not include_spares:  # the snapshot keeps this as a running sum: no walk at all
+            return self._base.largest_free_slice(supernode) + self._freed.get(supernode, 0)
         totals = self._totals.get((unit, include_spares))
         if totals is None:
             totals = self._totals[unit, include_spares] = {}
         total = totals.get(supernode)
         if total is None:
             names = self._more.get(supernode) or (self._first[supernode],)
-            changed = self._changed
+            changed, after = self._changed, self._free_after
             if len(names) == len(self.supernodes[supernode].nodes):  # all of it released (an 8-GPU server)
                 total = 0
                 for name in names:
-                    after = changed[name]
-                    if include_spares or not after.spare:
-                        total += after.free // unit
+                    if include_spares or not changed[name].spare:
+                        total += after[name] // unit
             else:
-                base = self._base
-                if unit == 1 and not include_spares:
-                    total = base.largest_free_slice(supernode)  # kept as a running sum: no histogram walk
-                else:
-                    total = base.pod_slots(supernode, unit, include_spares)
-                nodes = base.nodes
+                total = self._base.pod_slots(supernode, unit, include_spares)
+                before = self._free_before
                 for name in names:
-                    after = changed[name]
-                    if include_spares or not after.spare:
-                        total += after.free // unit - nodes[name].free // unit
+                    if include_spares or not changed[name].spare:
+                        total += after[name] // unit - before[name] // unit
             totals[supernode] = total
         return total
 
