@@ -42,6 +42,7 @@ import heapq
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from itertools import count
 from typing import TypeVar
 
@@ -229,8 +230,9 @@ Released = tuple[tuple[int, int, int, int, int], ...]
 summed in that order). A node other candidates also hold: (tracked node index, GPUs, node GPUs,
 allocated, supernode index). A node only this candidate holds: (-1, slots it frees, 0, 0,
 supernode index), left out where it frees none, and when groups are slots all such nodes are one
-entry (their sum). What such a node frees depends only on the candidate's own level, and a release
-from lo to hi is only ever applied with the candidate at lo (or taken back with it at hi)."""
+entry (their sum), as they are one per supernode when partial credit sums are exact (exact_partial).
+What such a node frees depends only on the candidate's own level, and a release from lo to hi is only
+ever applied with the candidate at lo (or taken back with it at hi)."""
 
 
 class _State:
@@ -491,6 +493,12 @@ class EvictionSearch:
         else:
             self.sn_slots0 = [snapshot.pod_slots(name, gpp, include_spares=recovery) for name in self.sn_names]
         self.partial0 = sum(self.phi[x % per_group] for x in self.sn_slots0)
+        # The partial credit is a float summed node by node, and the plan must not depend on the
+        # order. When every phi is a multiple of one power of two 2^-m and no sum can outgrow 52
+        # bits at that step (groups of 2, 4, 16 pods: phi = r^2 / 2 pg^2), every such sum is exact,
+        # so a candidate's sole-held nodes may be compiled one entry per supernode (Released).
+        step = max(Fraction(x).denominator for x in self.phi).bit_length() - 1
+        self.exact_partial = flat or len(self.sn_slots0) * max(self.phi) * 2**step < 2**52
         if base_groups is None:
             base_groups = sum(
                 snapshot.pod_slots(name, gpp, include_spares=recovery) // per_group
@@ -649,8 +657,10 @@ class EvictionSearch:
             gpp = self.gpp
             # What the candidate's lower replicas (released at level lo) free already, where they share its nodes.
             below = self._delta(v, 0, lo) if lo and self.victims[v].stacked else None
-            entries: list[tuple[int, int, int, int, int]] = []
+            entries: list[tuple[int, int, int, int, int] | int] = []
             alone = 0  # slots from nodes of this candidate alone, when groups are slots
+            per_sn: dict[int, int] = {}  # likewise per supernode, when partial credit sums are exact
+            flat, exact = self.flat, self.exact_partial
             for name, d in self._delta(v, lo, hi).items():
                 i = node_of[name]
                 if holder[i] != v:
@@ -664,13 +674,22 @@ class EvictionSearch:
                 free = node_gpus - (held if held > 0 else 0)
                 freed = (free // gpp if free > 0 else 0) - before
                 if freed:
-                    if self.flat:
+                    if flat:
                         alone += freed
+                    elif exact:
+                        j = sn[i]
+                        if j in per_sn:
+                            per_sn[j] += freed
+                        else:  # where the supernode first appears, as gain's keys must come in that order
+                            per_sn[j] = freed
+                            entries.append(j)
                     else:
                         entries.append((-1, freed, 0, 0, sn[i]))
             if alone:
                 entries.append((-1, alone, 0, 0, 0))
-            out = self._released[key] = tuple(entries)
+            if per_sn:
+                entries = [(-1, per_sn[e], 0, 0, e) if isinstance(e, int) else e for e in entries]
+            out = self._released[key] = tuple(entries)  # type: ignore[arg-type]
         return out
 
     def _choice(self, levels: list[int], groups: int) -> Choice:
