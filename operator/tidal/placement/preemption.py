@@ -415,14 +415,15 @@ class EvictionSearch:
                             and (recovery or not node.spare)
                         ):
                             sn_name = node.supernode
-                            j = sn_index.get(sn_name)
-                            if j is None:
+                            if flat:  # one index for all, so only the accelerator counts (HGX: a supernode per node)
+                                sn = supernodes.get(sn_name)
+                                j = 0 if sn is not None and sn.accelerator == accelerator else -1
+                            elif (j := sn_index.get(sn_name)) is None:
                                 j = -1
                                 sn = supernodes.get(sn_name)
                                 if sn is not None and sn.accelerator == accelerator:
-                                    j = 0 if flat else len(sn_names)
-                                    if not flat:
-                                        sn_names.append(sn_name)
+                                    j = len(sn_names)
+                                    sn_names.append(sn_name)
                                 sn_index[sn_name] = j
                         if j < 0:
                             node_of[name] = -1  # the GPUs still count as evicted, but give the request nothing
