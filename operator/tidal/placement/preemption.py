@@ -1079,8 +1079,12 @@ class ReleasedView(ClusterSnapshot):
 
     def member_nodes(self, supernode: str) -> Iterator[NodeState]:
         changed, nodes = self._changed, self._base.nodes
-        # A list behind the iterator, not a generator: plan_gang asks for thousands of supernodes.
-        return iter([changed.get(name) or nodes[name] for name in self.supernodes[supernode].nodes])
+        names = self.supernodes[supernode].nodes
+        # A list behind the iterator, not a generator: plan_gang asks for thousands of supernodes,
+        # and for HGX servers (one node each) not even a comprehension.
+        if len(names) == 1:
+            return iter((changed.get(names[0]) or nodes[names[0]],))
+        return iter([changed.get(name) or nodes[name] for name in names])
 
     def _total(self, supernode: str, unit: int, include_spares: bool) -> int:
         """Sum over member nodes of free // unit (unit 1: free GPUs), cached: the view never changes.
@@ -1121,11 +1125,13 @@ class ReleasedView(ClusterSnapshot):
         return self._total(supernode, 1, False)
 
     def supernodes_with_free(self, accelerator: str, at_least: int) -> list[str]:
-        untouched = [n for n in self._base.supernodes_with_free(accelerator, at_least) if n not in self._touched]
+        touched, supernodes, freed = self._touched, self.supernodes, self._freed
+        untouched = [n for n in self._base.supernodes_with_free(accelerator, at_least) if n not in touched]
+        free_now = self._base.largest_free_slice  # plus what was freed: largest_free_slice, inlined
         return untouched + [
             n
-            for n in sorted(self._touched)
-            if self.supernodes[n].accelerator == accelerator and self.largest_free_slice(n) >= at_least
+            for n in sorted(touched)
+            if supernodes[n].accelerator == accelerator and free_now(n) + freed.get(n, 0) >= at_least
         ]
 
     # Queries about the cluster's shape, not its allocation: the snapshot's answers (and caches) hold.
