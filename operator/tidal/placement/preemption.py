@@ -54,7 +54,6 @@ Allocation = tuple[tuple[str, int], ...]
 """(node, GPUs) pairs."""
 
 T = TypeVar("T")
-_UNSEEN = object()
 
 _PARTIAL_CREDIT = 0.5
 """What a supernode one slot short of its next group is worth at most, in groups (< 1: finished groups win)."""
@@ -175,7 +174,7 @@ class _Victim:
         replica_gain: list[dict[int, int]],
         disjoint: bool,
         sns: set[int],
-        stacked: bool = False,
+        stacked: bool,
     ):
         self.n = n = len(gang.replicas)
         self.index = index
@@ -371,10 +370,8 @@ class EvictionSearch:
         node_alloc = [0] * most
         node_sn = [0] * most
         slots_now = [0] * most
-        owner = [-1] * most
-        """Per tracked node, the first candidate seen with part of it (-1: none yet)."""
-        holder = [-1] * most
-        """Per tracked node, the one candidate holding GPUs on it, or -2 when several do."""
+        owner = [-1] * most  # the first candidate seen with part of the node (-1: none yet)
+        holder = [-1] * most  # the one candidate holding GPUs on the node, or -2 when several do
         shared: dict[str, list[int]] = {}
         sn_names = self.sn_names
         claim = node_of.setdefault
@@ -489,6 +486,7 @@ class EvictionSearch:
         self.node_slots0 = slots_now
         """Pod slots of each tracked node now."""
         self.node_holder = holder
+        """Per tracked node, the one candidate holding GPUs on it, or -2 when several do (see Released)."""
         if flat:
             self.sn_slots0 = [0]  # only changes count: groups are slots
         else:
@@ -658,9 +656,10 @@ class EvictionSearch:
             gpp = self.gpp
             # What the candidate's lower replicas (released at level lo) free already, where they share its nodes.
             below = self._delta(v, 0, lo) if lo and self.victims[v].stacked else None
-            entries: list[tuple[int, int, int, int, int] | int] = []
+            entries: list[tuple[int, int, int, int, int]] = []
             alone = 0  # slots from nodes of this candidate alone, when groups are slots
             per_sn: dict[int, int] = {}  # likewise per supernode, when partial credit sums are exact
+            at: dict[int, int] = {}  # where each such supernode's entry goes: where it first appears
             flat, exact = self.flat, self.exact_partial
             for name, d in self._delta(v, lo, hi).items():
                 i = node_of[name]
@@ -681,16 +680,17 @@ class EvictionSearch:
                         j = sn[i]
                         if j in per_sn:
                             per_sn[j] += freed
-                        else:  # where the supernode first appears, as gain's keys must come in that order
+                        else:  # gain's keys must come in the order the supernodes first appear
                             per_sn[j] = freed
-                            entries.append(j)
+                            at[j] = len(entries)
+                            entries.append((-1, 0, 0, 0, j))
                     else:
                         entries.append((-1, freed, 0, 0, sn[i]))
             if alone:
                 entries.append((-1, alone, 0, 0, 0))
-            if per_sn:
-                entries = [(-1, per_sn[e], 0, 0, e) if isinstance(e, int) else e for e in entries]
-            out = self._released[key] = tuple(entries)  # type: ignore[arg-type]
+            for j, slots in per_sn.items():
+                entries[at[j]] = (-1, slots, 0, 0, j)
+            out = self._released[key] = tuple(entries)
         return out
 
     def _choice(self, levels: list[int], groups: int) -> Choice:
