@@ -1,4 +1,5 @@
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +14,7 @@ from tidal.placement import (
     plan_gang,
     plan_preemption,
 )
-from tidal.placement.preemption import ReleasedView, with_released
+from tidal.placement.preemption import EvictionSearch, ReleasedView, _State, with_released
 from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
 
 from .strategies import requests, snapshots
@@ -222,6 +223,22 @@ def test_a_victims_pods_on_one_node_count_together():
     assert [(e.gang, e.gpus) for e in plan.evictions] == [("pair", 8)]
 
 
+def test_a_shrink_counts_what_the_replicas_above_already_gave_back():
+    # Two replicas of one elastic gang share server 0, which nobody else holds: giving back the
+    # lower one after the upper frees the whole server, though neither frees a slot on its own.
+    snap = servers(2)
+    pair = replace(holding(snap, "pair", [(0, 4)], [(0, 4)]), min_replicas=0)
+    holding(snap, "rest", [(1, 8)])  # not a candidate: server 1 stays full
+    search = EvictionSearch(snap, GangRequest("new", 1, 8, 8, priority=5), [pair])
+    state = _State(search)
+    state.apply(search._rel(0, 0, 1), +1)
+    assert state.groups == 0
+    state.apply(search._rel(0, 1, 2), +1)
+    assert state.groups == 1
+    state.apply(search._rel(0, 1, 2), -1)
+    assert state.groups == 0
+
+
 def test_room_beyond_the_shortfall_is_worth_nothing():
     # One server is missing. "wide" holds half of each of 8 servers (the other halves are free):
     # evicting it frees 8 servers for 32 GPUs, the best room per GPU if room beyond the one
@@ -309,3 +326,69 @@ def test_released_view_plans_like_the_released_snapshot(data):
     expected = with_released(snap, released, lambda: plan_gang(snap, req))
     assert {n: (v.allocated, v.free) for n, v in snap.nodes.items()} == before, "with_released restores"
     assert plan_gang(ReleasedView(snap, released), req) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_search_counts_groups_like_the_released_snapshot(data):
+    # The search keeps released GPUs only for nodes several candidates hold, and compiles a
+    # candidate's sole-held nodes to the slots they free (per supernode when partial credit sums
+    # are exact). At any levels, reached in steps or at once and partly taken back, its count must
+    # be the snapshot's with those GPUs released: overbooked, unusable and shared nodes included.
+    snap = data.draw(snapshots())
+    names = sorted(snap.nodes)
+    running = []
+    for g in range(data.draw(st.integers(1, 6))):
+        # A few nodes per gang, so that its replicas often share one (alone, or with other gangs).
+        home = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))
+        replicas = []
+        for _ in range(data.draw(st.integers(1, 4))):
+            pods = data.draw(
+                st.lists(st.tuples(st.sampled_from(home), st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=4)
+            )
+            for node, gpus in pods:  # may overbook: GPUs lost under running pods
+                snap.update_node(node, allocated=snap.nodes[node].allocated + gpus)
+            replicas.append(tuple(pods))
+        elastic = len(replicas) > 1 and data.draw(st.booleans())
+        min_dp = data.draw(st.integers(0, len(replicas) - 1)) if elastic else None
+        running.append(RunningGang(f"g{g}", 0, True, tuple(replicas), min_dp))
+    req = data.draw(requests(snap))
+
+    def groups_released(levels: list[int]) -> int:
+        released: dict[str, int] = {}
+        for victim, level in zip(search.victims, levels, strict=True):
+            for replica in victim.gang.replicas[victim.first(level) :]:
+                for node, gpus in replica:
+                    released[node] = released.get(node, 0) + gpus
+        return with_released(
+            snap,
+            released,
+            lambda: sum(
+                snap.pod_slots(name, req.gpus_per_pod, req.recovery) // req.pods_per_group
+                for name, sn in snap.supernodes.items()
+                if sn.accelerator == req.accelerator
+            ),
+        )
+
+    search = EvictionSearch(snap, req, running)
+    per_node = EvictionSearch(snap, req, running)
+    per_node.exact_partial = False  # one entry per sole-held node, as when the sums are not exact
+    limits = [data.draw(st.integers(0, v.top)) for v in search.victims]
+    assert search.max_groups(limits) == groups_released(limits)
+    states = (_State(search), _State(per_node))
+    levels = [0] * len(limits)
+    for v, level in enumerate(limits):
+        stepwise = data.draw(st.booleans())
+        for lo, hi in [(k, k + 1) for k in range(level)] if stepwise else [(0, level)] if level else []:
+            for state, s in zip(states, (search, per_node), strict=True):
+                state.apply(s._rel(v, lo, hi), +1)
+        levels[v] = level
+        if level and data.draw(st.booleans()):  # take part of it back
+            lower = data.draw(st.integers(0, level - 1))
+            for state, s in zip(states, (search, per_node), strict=True):
+                state.apply(s._rel(v, lower, level), -1)
+            levels[v] = lower
+    assert states[0].groups == states[1].groups == groups_released(levels)
+    assert states[0].sslots == states[1].sslots
+    if search.exact_partial:
+        assert states[0].partial == states[1].partial, "exact sums: the order of the terms cannot matter"

@@ -42,6 +42,7 @@ import heapq
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from itertools import count
 from typing import TypeVar
 
@@ -53,7 +54,6 @@ Allocation = tuple[tuple[str, int], ...]
 """(node, GPUs) pairs."""
 
 T = TypeVar("T")
-_UNSEEN = object()
 
 _PARTIAL_CREDIT = 0.5
 """What a supernode one slot short of its next group is worth at most, in groups (< 1: finished groups win)."""
@@ -151,7 +151,19 @@ class _Victim:
     """A candidate gang as a ladder of options: level l <= shrinkable gives back its top l replicas,
     level `top` suspends it whole. Releases are kept per replica, summed per tracked node."""
 
-    __slots__ = ("cost", "disjoint", "gang", "index", "replica_gain", "replica_rel", "shrinkable", "sns", "top")
+    __slots__ = (
+        "cost",
+        "disjoint",
+        "gang",
+        "index",
+        "n",
+        "replica_gain",
+        "replica_rel",
+        "shrinkable",
+        "sns",
+        "stacked",
+        "top",
+    )
 
     def __init__(
         self,
@@ -162,8 +174,9 @@ class _Victim:
         replica_gain: list[dict[int, int]],
         disjoint: bool,
         sns: set[int],
+        stacked: bool,
     ):
-        n = len(gang.replicas)
+        self.n = n = len(gang.replicas)
         self.index = index
         self.gang = gang
         self.replica_rel = replica_rel
@@ -173,42 +186,61 @@ class _Victim:
         """No two replicas share a node: then gains of several replicas add up."""
         self.sns = sns
         """Supernodes it holds tracked nodes in."""
-        self.shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
-        self.top = self.shrinkable if self.shrinkable == n else self.shrinkable + 1
-        self.cost = [sum(replica_gpus[self.first(level) :]) for level in range(self.top + 1)]
+        self.stacked = stacked
+        """Two of its replicas share a node only it holds (unlike `disjoint`, whatever their sizes)."""
+        self.shrinkable = shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0
+        self.top = top = shrinkable if shrinkable == n else shrinkable + 1
+        if not shrinkable:  # not elastic: nothing, or all of it
+            self.cost = [0, sum(replica_gpus)] if top else [0]
+            return
+        # Suffix sums: a ladder of a hundred replicas would otherwise be summed a hundred times.
+        suffix = [0] * (n + 1)
+        for k in range(n - 1, -1, -1):
+            suffix[k] = suffix[k + 1] + replica_gpus[k]
+        self.cost = [suffix[n - level] if level <= shrinkable else suffix[0] for level in range(top + 1)]
 
     def first(self, level: int) -> int:
         """Index of the lowest replica the option releases (replicas first..n-1 go)."""
-        n = len(self.gang.replicas)
-        return n - level if level <= self.shrinkable else 0
+        return self.n - level if level <= self.shrinkable else 0
 
 
-@dataclass
 class _Move:
     """Raise one victim from level `lo` to `hi`; `gain` is slots gained per supernode in the current state."""
 
-    victim: int
-    lo: int
-    hi: int
-    cost: int
-    delta: dict[str, int]
-    gain: dict[int, int]
-    alive: bool = True
-    version: int = 0
-    value: float = 0.0
-    whole_groups: int = 0
+    # A slotted class, not a dataclass: the greedy makes one or two per candidate (thousands) per call.
+    __slots__ = ("alive", "cost", "delta", "gain", "hi", "lo", "value", "version", "victim", "whole_groups")
+
+    def __init__(self, victim: int, lo: int, hi: int, cost: int, gain: dict[int, int]):
+        self.victim = victim
+        self.lo = lo
+        self.hi = hi
+        self.cost = cost
+        self.delta: dict[str, int] | None = None
+        """EvictionSearch._delta, fetched when first needed: most moves are only ever scored."""
+        self.gain = gain
+        self.alive = True
+        self.version = 0
+        self.value = 0.0
+        self.whole_groups = 0
 
 
 Released = tuple[tuple[int, int, int, int, int], ...]
-"""A release compiled for _State: (tracked node index, GPUs, node GPUs, allocated, supernode index)
-per node, in the order of the name-keyed delta (float partial credit is summed in that order)."""
+"""A release compiled for _State, in the order of the name-keyed delta (float partial credit is
+summed in that order). A node other candidates also hold: (tracked node index, GPUs, node GPUs,
+allocated, supernode index). A node only this candidate holds: (-1, slots it frees, 0, 0,
+supernode index), left out where it frees none, and when groups are slots all such nodes are one
+entry (their sum), as they are one per supernode when partial credit sums are exact (exact_partial).
+What such a node frees depends only on the candidate's own level, and a release from lo to hi is only
+ever applied with the candidate at lo (or taken back with it at hi)."""
 
 
 class _State:
     """Released GPUs per tracked node, and the slot and group counts they give.
 
-    Nodes are list indices (EvictionSearch.node_index), not names: apply runs millions of times
-    in the exact search, where a name's dict lookups were most of the cost."""
+    Nodes are list indices (EvictionSearch.node_of), not names: apply runs millions of times
+    in the exact search, where a name's dict lookups were most of the cost. Only nodes several
+    candidates hold keep their released GPUs here (see Released); rel and nslots of the others
+    stay as they started."""
 
     __slots__ = ("groups", "nslots", "partial", "rel", "search", "sslots")
 
@@ -226,6 +258,13 @@ class _State:
         rel, nslots, sslots = self.rel, self.nslots, self.sslots
         groups, partial = self.groups, self.partial
         for i, d, gpus, alloc, j in delta:
+            if i < 0:  # a node of this candidate alone: d slots
+                before = sslots[j]
+                after = before + sign * d
+                sslots[j] = after
+                groups += after // per_group - before // per_group
+                partial += phi[after % per_group] - phi[before % per_group]
+                continue
             r = rel[i] + sign * d
             rel[i] = r
             held = alloc - r
@@ -248,6 +287,12 @@ class _State:
         rel, nslots, sslots = self.rel, self.nslots, self.sslots
         groups = self.groups
         for i, d, gpus, alloc, j in delta:
+            if i < 0:
+                before = sslots[j]
+                after = before + sign * d
+                sslots[j] = after
+                groups += after // per_group - before // per_group
+                continue
             r = rel[i] + sign * d
             rel[i] = r
             held = alloc - r
@@ -268,6 +313,9 @@ class _State:
         rel, nslots = self.rel, self.nslots
         out: dict[int, int] = {}
         for i, d, gpus, alloc, j in delta:
+            if i < 0:
+                out[j] = out.get(j, 0) + d
+                continue
             held = alloc - rel[i] - d
             free = gpus - (held if held > 0 else 0)
             slots = free // gpp if free > 0 else 0
@@ -276,10 +324,10 @@ class _State:
                 out[j] = out.get(j, 0) + slots - old
         return out
 
-    def node_gain(self, name: str, d: int, released: int) -> int:
-        """Slots node `name` gains from `d` more GPUs when `released` are already given back."""
-        gpus, alloc, _, _ = self.search.node_info[name]
-        gpp = self.search.gpp
+    def node_gain(self, i: int, d: int, released: int) -> int:
+        """Slots tracked node `i` gains from `d` more GPUs when `released` are already given back."""
+        s = self.search
+        gpus, alloc, gpp = s.node_gpus[i], s.node_alloc[i], s.gpp
         before = gpus - max(alloc - released, 0)
         after = gpus - max(alloc - released - d, 0)
         return max(after, 0) // gpp - max(before, 0) // gpp
@@ -314,17 +362,27 @@ class EvictionSearch:
         # One group per pod slot: where a slot is does not matter, so every supernode counts as one.
         self.flat = flat = per_group == 1
         self.sn_names: list[str] = ["*"] if flat else []
-        info: dict[str, tuple[int, int, int, int] | None] = {}
-        owner: dict[str, int] = {}
+        node_of: dict[str, int] = {}
+        # Per tracked node, by index: lists, not a tuple per node (a call meets ~25,000 nodes), sized
+        # for every node up front and cut to the tracked ones after (a store is cheaper than an append).
+        most = len(nodes)
+        node_gpus = [0] * most
+        node_alloc = [0] * most
+        node_sn = [0] * most
+        slots_now = [0] * most
+        owner = [-1] * most  # the first candidate seen with part of the node (-1: none yet)
+        holder = [-1] * most  # the one candidate holding GPUs on the node, or -2 when several do
         shared: dict[str, list[int]] = {}
-        index: dict[str, int] = {}
-        slots_now: list[int] = []
+        sn_names = self.sn_names
+        claim = node_of.setdefault
+        k = 0  # tracked nodes so far: the index the next one gets
         self.victims: list[_Victim] = []
         for v, gang in enumerate(gangs):
             replica_rel: list[dict[str, int]] = []
             replica_gpus: list[int] = []
             replica_gain: list[dict[int, int]] = []
             disjoint = True
+            stacked = False  # two of its replicas on a node no other candidate holds
             sns: set[int] = set()
             add_sn = sns.add
             for replica in gang.replicas:
@@ -337,11 +395,14 @@ class EvictionSearch:
                 gain: dict[int, int] = {}
                 dropped = False
                 last_sn = -1
+                run = 0  # slots gained on last_sn's nodes so far: added to `gain` when the supernode changes
                 for name, g in per_node.items():
-                    t = info.get(name, _UNSEEN)
-                    if t is _UNSEEN:
-                        t = None  # unless tracked below: the GPUs still count as evicted, but give nothing
+                    # One lookup both finds a node and, on first sight, gives it the next index: nearly
+                    # every node is met once, and at 25,000 nodes the dict lookups are the cost.
+                    i = claim(name, k)
+                    if i == k:
                         node = nodes.get(name)
+                        j = -1
                         # node.usable, inlined: this loop visits every node the running gangs hold.
                         if (
                             node is not None
@@ -350,59 +411,93 @@ class EvictionSearch:
                             and not node.tainted
                             and (recovery or not node.spare)
                         ):
-                            j = sn_index.get(node.supernode)
-                            if j is None:
+                            sn_name = node.supernode
+                            if flat:  # one index for all, so only the accelerator counts (HGX: a supernode per node)
+                                sn = supernodes.get(sn_name)
+                                j = 0 if sn is not None and sn.accelerator == accelerator else -1
+                            elif (j := sn_index.get(sn_name)) is None:
                                 j = -1
-                                sn = supernodes.get(node.supernode)
+                                sn = supernodes.get(sn_name)
                                 if sn is not None and sn.accelerator == accelerator:
-                                    j = 0 if flat else len(self.sn_names)
-                                    if not flat:
-                                        self.sn_names.append(node.supernode)
-                                sn_index[node.supernode] = j
-                            if j >= 0:
-                                free = node.gpus - node.allocated
-                                t = (node.gpus, node.allocated, j, free // gpp if free > 0 else 0)
-                                index[name] = len(slots_now)
-                                slots_now.append(t[3])
-                        info[name] = t
-                    if t is None:
+                                    j = len(sn_names)
+                                    sn_names.append(sn_name)
+                                sn_index[sn_name] = j
+                        if j < 0:
+                            node_of[name] = -1  # the GPUs still count as evicted, but give the request nothing
+                            dropped = True
+                            continue
+                        k += 1
+                        node_gpus_i = node.gpus
+                        allocated = node.allocated
+                        free = node_gpus_i - allocated
+                        slots0 = free // gpp if free > 0 else 0
+                        node_gpus[i] = node_gpus_i
+                        node_alloc[i] = allocated
+                        node_sn[i] = j
+                        slots_now[i] = slots0
+                        holder[i] = v
+                    elif i < 0:
                         dropped = True
                         continue
-                    node_gpus, allocated, j, slots0 = t
+                    else:
+                        if holder[i] != v:
+                            holder[i] = -2
+                        else:
+                            stacked = True
+                        node_gpus_i = node_gpus[i]
+                        allocated = node_alloc[i]
+                        j = node_sn[i]
+                        slots0 = slots_now[i]
                     if j != last_sn:  # a replica's nodes come supernode by supernode
+                        if run:
+                            gain[last_sn] = gain.get(last_sn, 0) + run
+                            run = 0
                         add_sn(j)
                         last_sn = j
                     held = allocated - g
-                    free = node_gpus - (held if held > 0 else 0)
-                    gained = (free // gpp if free > 0 else 0) - slots0
-                    if gained:
-                        gain[j] = gain.get(j, 0) + gained
-                    if g < node_gpus:  # the node has room for other pods: note who else holds GPUs there
-                        first = owner.get(name)
-                        if first is None:
-                            owner[name] = v
+                    free = node_gpus_i - (held if held > 0 else 0)
+                    run += (free // gpp if free > 0 else 0) - slots0
+                    if g < node_gpus_i:  # the node has room for other pods: note who else holds GPUs there
+                        first = owner[i]
+                        if first < 0:
+                            owner[i] = v
                         elif first == v:
                             disjoint = False  # an earlier replica of this gang is on the node too
                         else:
                             users = shared.setdefault(name, [first])
                             if users[-1] != v:
                                 users.append(v)
+                if run:
+                    gain[last_sn] = gain.get(last_sn, 0) + run
                 if dropped:
-                    per_node = {name: g for name, g in per_node.items() if info[name] is not None}
+                    per_node = {name: g for name, g in per_node.items() if node_of[name] >= 0}
                 replica_rel.append(per_node)
                 replica_gain.append(gain)
-            self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns))
-        self.node_info: dict[str, tuple[int, int, int, int]] = info  # type: ignore[assignment]
-        """Tracked nodes (the request's accelerator, usable, spares only on recovery): name -> (GPUs,
-        allocated, supernode index, pod slots now); None where a release gives the request nothing."""
-        self.node_index = index
-        """Tracked node -> its index in _State's lists."""
+            self.victims.append(_Victim(v, gang, replica_rel, replica_gpus, replica_gain, disjoint, sns, stacked))
+        for per_node_list in (node_gpus, node_alloc, node_sn, slots_now, holder):
+            del per_node_list[k:]
+        self.node_of = node_of
+        """Node name -> its index in the per-node lists and _State's; -1 where a release gives the request
+        nothing (not the request's accelerator, unusable, a spare off recovery)."""
+        self.node_gpus = node_gpus
+        self.node_alloc = node_alloc
+        self.node_sn = node_sn
+        """Supernode index of each tracked node."""
         self.node_slots0 = slots_now
+        """Pod slots of each tracked node now."""
+        self.node_holder = holder
+        """Per tracked node, the one candidate holding GPUs on it, or -2 when several do (see Released)."""
         if flat:
             self.sn_slots0 = [0]  # only changes count: groups are slots
         else:
             self.sn_slots0 = [snapshot.pod_slots(name, gpp, include_spares=recovery) for name in self.sn_names]
         self.partial0 = sum(self.phi[x % per_group] for x in self.sn_slots0)
+        # The partial credit is a float summed node by node, and the plan must not depend on the
+        # order. When every phi is a multiple of one power of two 2^-m and no sum can outgrow 52
+        # bits at that step (groups of 2, 4, 16 pods: phi = r^2 / 2 pg^2), every such sum is exact,
+        # so a candidate's sole-held nodes may be compiled one entry per supernode (Released).
+        step = max(Fraction(x).denominator for x in self.phi).bit_length() - 1
+        self.exact_partial = flat or len(self.sn_slots0) * max(self.phi) * 2**step < 2**52
         if base_groups is None:
             base_groups = sum(
                 snapshot.pod_slots(name, gpp, include_spares=recovery) // per_group
@@ -551,10 +646,51 @@ class EvictionSearch:
         key = (v, lo, hi)
         out = self._released.get(key)
         if out is None:
-            index, info = self.node_index, self.node_info
-            out = self._released[key] = tuple(
-                (index[name], d, *info[name][:3]) for name, d in self._delta(v, lo, hi).items()
+            node_of, gpus, alloc, sn, holder = (
+                self.node_of,
+                self.node_gpus,
+                self.node_alloc,
+                self.node_sn,
+                self.node_holder,
             )
+            gpp = self.gpp
+            # What the candidate's lower replicas (released at level lo) free already, where they share its nodes.
+            below = self._delta(v, 0, lo) if lo and self.victims[v].stacked else None
+            entries: list[tuple[int, int, int, int, int]] = []
+            alone = 0  # slots from nodes of this candidate alone, when groups are slots
+            per_sn: dict[int, int] = {}  # likewise per supernode, when partial credit sums are exact
+            at: dict[int, int] = {}  # where each such supernode's entry goes: where it first appears
+            flat, exact = self.flat, self.exact_partial
+            for name, d in self._delta(v, lo, hi).items():
+                i = node_of[name]
+                if holder[i] != v:
+                    entries.append((i, d, gpus[i], alloc[i], sn[i]))
+                    continue
+                node_gpus = gpus[i]
+                held = alloc[i] - (below.get(name, 0) if below else 0)
+                free = node_gpus - (held if held > 0 else 0)
+                before = free // gpp if free > 0 else 0
+                held -= d
+                free = node_gpus - (held if held > 0 else 0)
+                freed = (free // gpp if free > 0 else 0) - before
+                if freed:
+                    if flat:
+                        alone += freed
+                    elif exact:
+                        j = sn[i]
+                        if j in per_sn:
+                            per_sn[j] += freed
+                        else:  # gain's keys must come in the order the supernodes first appear
+                            per_sn[j] = freed
+                            at[j] = len(entries)
+                            entries.append((-1, 0, 0, 0, j))
+                    else:
+                        entries.append((-1, freed, 0, 0, sn[i]))
+            if alone:
+                entries.append((-1, alone, 0, 0, 0))
+            for j, slots in per_sn.items():
+                entries[at[j]] = (-1, slots, 0, 0, j)
+            out = self._released[key] = tuple(entries)
         return out
 
     def _choice(self, levels: list[int], groups: int) -> Choice:
@@ -573,24 +709,6 @@ class EvictionSearch:
             return float(target)
         return groups + min(partial, _PARTIAL_CREDIT * (target - groups))
 
-    def _score(self, st: _State, move: _Move, target: int) -> None:
-        per_group, phi = self.per_group, self.phi
-        sslots = st.sslots
-        whole = 0
-        partial = 0.0
-        if self.flat:
-            whole = sum(move.gain.values())
-        else:
-            for j, g in move.gain.items():
-                before = sslots[j]
-                after = before + g
-                whole += after // per_group - before // per_group
-                partial += phi[after % per_group] - phi[before % per_group]
-        move.whole_groups = whole
-        move.value = self._potential(st.groups + whole, st.partial + partial, target) - self._potential(
-            st.groups, st.partial, target
-        )
-
     def _greedy(
         self,
         st: _State,
@@ -605,50 +723,83 @@ class EvictionSearch:
         Returns the GPUs it added. Gains are kept per move and supernode; a pick re-scores only the
         moves on the supernodes it changed and fixes the gains of moves sharing its nodes.
         """
-        pristine = not any(st.rel)
+        pristine = not any(levels)  # (st holds exactly what levels release)
         heap: list[tuple[tuple, int, int, int, _Move]] = []
         tick = count()
         step = 0
         moves_of: dict[int, list[_Move]] = {}
-
-        def key(m: _Move) -> tuple:
-            victim = self.victims[m.victim]
-            # Best room per GPU; then finished groups (whole domains); bigger moves (fewer victims); low priority.
-            return (-round(m.value / m.cost, 12), -m.whole_groups, -m.cost, victim.gang.priority, victim.gang.name)
+        victims = self.victims
+        per_group, phi, flat = self.per_group, self.phi, self.flat
+        sslots = st.sslots  # updated in place by st.apply
+        heappush = heapq.heappush
+        potential = self._potential
+        now = potential(st.groups, st.partial, target)  # every score until the next pick is measured from it
+        cap = _PARTIAL_CREDIT
 
         def push(m: _Move) -> None:
-            self._score(st, m, target)
+            """Score m in the current state and queue it if it helps and fits the budget."""
+            whole = 0
+            partial = 0.0
+            if flat:
+                whole = sum(m.gain.values())
+            else:
+                for j, g in m.gain.items():
+                    before = sslots[j]
+                    after = before + g
+                    whole += after // per_group - before // per_group
+                    partial += phi[after % per_group] - phi[before % per_group]
+            m.whole_groups = whole
+            groups = st.groups + whole
+            # _potential(groups, st.partial + partial, target) - now, inlined: thousands of scores per call.
+            if groups >= target:
+                value = float(target) - now
+            else:
+                value = groups + min(st.partial + partial, cap * (target - groups)) - now
+            m.value = value
             m.version += 1
-            if m.value > 1e-12 and (budget is None or m.cost <= budget - spent):
-                heapq.heappush(heap, (key(m), next(tick), step, m.version, m))
+            if value > 1e-12 and (budget is None or m.cost <= budget - spent):
+                gang = victims[m.victim].gang
+                # Best room per GPU; then finished groups (whole domains); bigger moves (fewer victims); low priority.
+                key = (-round(value / m.cost, 12), -whole, -m.cost, gang.priority, gang.name)
+                heappush(heap, (key, next(tick), step, m.version, m))
+
+        def delta_of(m: _Move) -> dict[str, int]:
+            delta = m.delta
+            if delta is None:
+                delta = m.delta = self._delta(m.victim, m.lo, m.hi)
+            return delta
 
         def make_moves(v: int) -> None:
             lo, lim = levels[v], limits[v]
+            victim = victims[v]
             out = []
-            for hi in sorted({lo + 1, lim}):
-                if lo < hi <= lim:
-                    delta = self._delta(v, lo, hi)
-                    if not delta:
-                        continue
-                    victim = self.victims[v]
-                    if pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
-                        gain = {}
-                        for replica_gain in victim.replica_gain[victim.first(hi) : victim.first(lo)]:
-                            for j, g in replica_gain.items():
-                                gain[j] = gain.get(j, 0) + g
-                    else:
-                        gain = st.gain(self._rel(v, lo, hi))
-                    out.append(_Move(v, lo, hi, victim.cost[hi] - victim.cost[lo], delta, gain))
+            n, shrinkable = victim.n, victim.shrinkable
+            first_lo = n - lo if lo <= shrinkable else 0  # victim.first, inlined
+            for hi in (lo + 1, lim) if lim > lo + 1 else (lim,) if lim > lo else ():
+                first_hi = n - hi if hi <= shrinkable else 0
+                if not any(victim.replica_rel[first_hi:first_lo]):
+                    continue  # releases nothing the request could use, now or later
+                if pristine and first_lo - first_hi == 1:
+                    # One replica on the untouched snapshot: what it frees alone (a copy: gains change later).
+                    gain = dict(victim.replica_gain[first_hi])
+                elif pristine and victim.disjoint:  # on the untouched snapshot replica gains add up
+                    gain = {}
+                    for replica_gain in victim.replica_gain[first_hi:first_lo]:
+                        for j, g in replica_gain.items():
+                            gain[j] = gain.get(j, 0) + g
+                else:
+                    gain = st.gain(self._rel(v, lo, hi))
+                out.append(_Move(v, lo, hi, victim.cost[hi] - victim.cost[lo], gain))
             moves_of[v] = out
             for m in out:
                 push(m)
 
         spent = 0
-        for v in range(len(self.victims)):
-            if limits[v] > levels[v] and self.victims[v].sns and (allowed is None or v in allowed):
+        for v in range(len(victims)) if allowed is None else sorted(allowed):
+            if limits[v] > levels[v] and victims[v].sns:
                 make_moves(v)
         shared = self.node_victims
-        index = self.node_index
+        node_of = self.node_of
         while st.groups < target and heap:
             _, _, stamp, version, m = heapq.heappop(heap)
             if not m.alive or version != m.version:
@@ -659,8 +810,9 @@ class EvictionSearch:
                 push(m)
                 continue
             pristine = False
-            old_rel = {name: st.rel[index[name]] for name in m.delta if name in shared}
+            old_rel = {name: st.rel[node_of[name]] for name in delta_of(m) if name in shared} if shared else {}
             st.apply(self._rel(m.victim, m.lo, m.hi), +1)
+            now = potential(st.groups, st.partial, target)
             spent += m.cost
             levels[m.victim] = m.hi
             for old in moves_of.pop(m.victim, ()):
@@ -669,17 +821,18 @@ class EvictionSearch:
             dirty: dict[int, _Move] = {}
             # Moves of other victims on the same nodes: their slot gains there changed.
             for name, before in old_rel.items():
-                after = st.rel[index[name]]
+                i = node_of[name]
+                after = st.rel[i]
                 for u in shared[name]:
                     if u == m.victim:
                         continue
                     for other in moves_of.get(u, ()):
-                        d = other.delta.get(name)
+                        d = delta_of(other).get(name)
                         if d is None:
                             continue
-                        change = st.node_gain(name, d, after) - st.node_gain(name, d, before)
+                        change = st.node_gain(i, d, after) - st.node_gain(i, d, before)
                         if change:
-                            j = self.node_info[name][2]
+                            j = self.node_sn[i]
                             other.gain[j] = other.gain.get(j, 0) + change
                         dirty[id(other)] = other
             # Moves on the supernodes whose slot counts changed: their room gained changed (when
@@ -799,7 +952,7 @@ class EvictionSearch:
                 delta = self._rel(v, hi, lo)
                 cur.apply_groups(delta, -1)
                 opt.apply_groups(delta, -1)
-            work += len(delta)
+            work += len(self._delta(v, min(lo, hi), max(lo, hi)))  # nodes, however the release is compiled
 
         def dfs(k: int, gpus: int, nvict: int, prio: int) -> None:
             nonlocal best_obj, best_levels, explored, work
@@ -818,7 +971,8 @@ class EvictionSearch:
             # opt held v at its limit: from here on it holds v at the level tried.
             delta = self._rel(v, 0, lim)
             opt.apply_groups(delta, -1)
-            work += len(delta)
+            nodes = len(self._delta(v, 0, lim))
+            work += nodes
             level = 0
             while True:
                 if opt.groups >= target:  # else not even with everything left: only a higher level of v may do
@@ -833,7 +987,7 @@ class EvictionSearch:
             if level:
                 move(v, level, 0)
             opt.apply_groups(delta, +1)
-            work += len(delta)
+            work += nodes
 
         dfs(0, 0, 0, 0)
         if best_levels is None:
@@ -848,8 +1002,9 @@ class EvictionSearch:
 class ReleasedView(ClusterSnapshot):
     """The snapshot as it would be with `released` GPUs given back, without copying it.
 
-    Nodes with released GPUs are copies, and queries about their supernodes are answered from
-    the member nodes; everything else is the snapshot's own answer. The snapshot's private
+    Nodes with released GPUs are copies, and queries about their supernodes are the snapshot's
+    answer corrected by those nodes' changes (as its own histograms would be after releasing on
+    it); everything else is the snapshot's own answer. The snapshot's private
     indexes are not shared: a query that would read them raises AttributeError (callers fall
     back to with_released), so the view is never silently stale. Read-only: never book on it.
     """
@@ -859,24 +1014,62 @@ class ReleasedView(ClusterSnapshot):
         self.supernodes = base.supernodes
         self.shape_version = base.shape_version
         changed: dict[str, NodeState] = {}
+        # Released nodes per supernode: names only, and a list only where there are several (a
+        # plan touches thousands of supernodes; the fewer objects kept, the less garbage collection).
+        first: dict[str, str] = {}
+        more: dict[str, list[str]] = {}
+        # Free GPUs of each released node before and after (node.free, read once, not per query),
+        # and the change in free non-spare GPUs per supernode (largest_free_slice, for all of them).
+        free_before: dict[str, int] = {}
+        free_after: dict[str, int] = {}
+        freed: dict[str, int] = {}
+        nodes = base.nodes
         for name, gpus in released.items():
-            node = base.nodes.get(name)
+            node = nodes.get(name)
             if node is None or gpus <= 0:
                 continue  # a node that vanished took its allocation with it
+            allocated = node.allocated - gpus
+            if allocated < 0:
+                allocated = 0
+            supernode = node.supernode
+            # Positional: thousands of nodes per plan, and keywords cost more than the copy itself.
             changed[name] = NodeState(
-                name=node.name,
-                supernode=node.supernode,
-                gpus=node.gpus,
-                allocated=max(node.allocated - gpus, 0),
-                ready=node.ready,
-                cordoned=node.cordoned,
-                spare=node.spare,
-                tainted=node.tainted,
+                node.name,
+                supernode,
+                node.gpus,
+                allocated,
+                node.ready,
+                node.cordoned,
+                node.spare,
+                node.tainted,
             )
+            if node.ready and not node.cordoned and not node.tainted:  # NodeState.free, inlined
+                before = node.gpus - node.allocated
+                before = before if before > 0 else 0
+                after = node.gpus - allocated
+                after = after if after > 0 else 0
+            else:
+                before = after = 0
+            free_before[name] = before
+            free_after[name] = after
+            if not node.spare:
+                freed[supernode] = freed.get(supernode, 0) + after - before
+            seen = first.setdefault(supernode, name)
+            if seen is not name:
+                names = more.get(supernode)
+                if names is None:
+                    more[supernode] = [seen, name]
+                else:
+                    names.append(name)
         self._changed = changed
         self.nodes = ChainMap(changed, base.nodes)  # type: ignore[assignment]
-        self._touched = {node.supernode for node in changed.values()}
-        self._totals: dict[tuple[str, int, bool], int] = {}
+        self._first = first
+        self._more = more
+        self._free_before = free_before
+        self._free_after = free_after
+        self._freed = freed
+        self._touched = first.keys()
+        self._totals: dict[tuple[int, bool], dict[str, int]] = {}
 
     def __getattr__(self, name: str) -> object:
         """Public data the view does not overlay (caches of the cluster's shape) comes from the snapshot."""
@@ -886,17 +1079,39 @@ class ReleasedView(ClusterSnapshot):
 
     def member_nodes(self, supernode: str) -> Iterator[NodeState]:
         changed, nodes = self._changed, self._base.nodes
-        for name in self.supernodes[supernode].nodes:
-            yield changed.get(name) or nodes[name]
+        names = self.supernodes[supernode].nodes
+        # A list behind the iterator, not a generator: plan_gang asks for thousands of supernodes,
+        # and for HGX servers (one node each) not even a comprehension.
+        if len(names) == 1:
+            return iter((changed.get(names[0]) or nodes[names[0]],))
+        return iter([changed.get(name) or nodes[name] for name in names])
 
     def _total(self, supernode: str, unit: int, include_spares: bool) -> int:
-        """Sum over member nodes of free // unit (unit 1: free GPUs), cached: the view never changes."""
-        key = (supernode, unit, include_spares)
-        total = self._totals.get(key)
+        """Sum over member nodes of free // unit (unit 1: free GPUs), cached: the view never changes.
+
+        The snapshot's own count, corrected by the released nodes only: a 48-node domain with one
+        node released costs one node, not 48."""
+        if unit == 1 and not include_spares:  # the snapshot keeps this as a running sum: no walk at all
+            return self._base.largest_free_slice(supernode) + self._freed.get(supernode, 0)
+        totals = self._totals.get((unit, include_spares))
+        if totals is None:
+            totals = self._totals[unit, include_spares] = {}
+        total = totals.get(supernode)
         if total is None:
-            total = self._totals[key] = sum(
-                n.free // unit for n in self.member_nodes(supernode) if include_spares or not n.spare
-            )
+            names = self._more.get(supernode) or (self._first[supernode],)
+            changed, after = self._changed, self._free_after
+            if len(names) == len(self.supernodes[supernode].nodes):  # all of it released (an 8-GPU server)
+                total = 0
+                for name in names:
+                    if include_spares or not changed[name].spare:
+                        total += after[name] // unit
+            else:
+                total = self._base.pod_slots(supernode, unit, include_spares)
+                before = self._free_before
+                for name in names:
+                    if include_spares or not changed[name].spare:
+                        total += after[name] // unit - before[name] // unit
+            totals[supernode] = total
         return total
 
     def pod_slots(self, supernode: str, gpus_per_pod: int, include_spares: bool = False) -> int:
@@ -910,11 +1125,13 @@ class ReleasedView(ClusterSnapshot):
         return self._total(supernode, 1, False)
 
     def supernodes_with_free(self, accelerator: str, at_least: int) -> list[str]:
-        untouched = [n for n in self._base.supernodes_with_free(accelerator, at_least) if n not in self._touched]
+        touched, supernodes, freed = self._touched, self.supernodes, self._freed
+        untouched = [n for n in self._base.supernodes_with_free(accelerator, at_least) if n not in touched]
+        free_now = self._base.largest_free_slice  # plus what was freed: largest_free_slice, inlined
         return untouched + [
             n
-            for n in sorted(self._touched)
-            if self.supernodes[n].accelerator == accelerator and self.largest_free_slice(n) >= at_least
+            for n in sorted(touched)
+            if supernodes[n].accelerator == accelerator and free_now(n) + freed.get(n, 0) >= at_least
         ]
 
     # Queries about the cluster's shape, not its allocation: the snapshot's answers (and caches) hold.
