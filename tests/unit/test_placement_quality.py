@@ -7,6 +7,8 @@ nodes, a diagnosis cache keyed on object identity, other racks' spares before th
 
 from __future__ import annotations
 
+import pytest
+
 from tidal.placement import GangRequest, PlacementPlan, Unplaceable, UnplaceableReason, apply_plan, gang, plan_gang
 from tidal.placement.leftover import GroupDemand, stranded_gpus
 from tidal.topology import ClusterSnapshot, NodeState, SupernodeState, build_fleet, snapshot_from_fleet
@@ -228,3 +230,62 @@ def test_the_joining_cost_is_weighed_for_every_group_count_not_after_choosing_it
     demand.observe("nvidia.com/gpu", 32)
     plan = plan_gang(snap, GangRequest("five", groups=5, group_gpus=8, gpus_per_pod=4), demand)
     assert plan.supernodes == {"nvl72-0000"}
+
+
+def test_the_joining_cost_is_part_of_the_memo_not_only_of_the_leftover():
+    # Three racks with 32 free each (same free count, so the same leftover memo), residents 1 / 6
+    # / 6: a 3x16 gang goes where joining is cheapest (racks 1 and 2), which a memo keyed on the
+    # leftover alone answers with rack 0's joining cost for all three.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 3))
+    for rack, residents in ((0, 1), (1, 6), (2, 6)):
+        use(snap, f"nvl72-000{rack}", 10)
+        snap.add_residents([f"nvl72-000{rack}"], residents)
+    plan = plan_gang(snap, GangRequest("g", groups=3, group_gpus=16, gpus_per_pod=4))
+    assert plan.supernodes == {"nvl72-0001", "nvl72-0002"}
+
+
+def test_the_loss_reported_pays_each_supernodes_joining_cost_once():
+    snap = snapshot_from_fleet(build_fleet("nvl72", 3))
+    for rack, residents in ((0, 1), (1, 2), (2, 6)):
+        use(snap, f"nvl72-000{rack}", 10)
+        snap.add_residents([f"nvl72-000{rack}"], residents)
+    scorer = gang._LeftoverScorer(16, {16: 1.0})
+    capacity = {f"nvl72-000{rack}": 2 for rack in range(3)}
+    picks, lost = gang._least_leftover_lost(snap, scorer, capacity, 5)
+    expected = 0.0
+    for name, groups in picks:
+        free, whole = snap.largest_free_slice(name), snap.domain_gpus(name)
+        expected += scorer.loss(free, whole, groups) + gang.resident_cost(snap.residents[name], whole)
+    assert sum(groups for _, groups in picks) == 5
+    assert lost == pytest.approx(expected)
+
+
+def test_a_workload_pays_no_joining_cost_where_it_already_is():
+    # Growth of a job that holds rack 0 (its only resident): rack 0 costs nothing to join for it,
+    # while for anyone else rack 1 (six residents) is cheaper.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    use(snap, "nvl72-0000", 9)
+    use(snap, "nvl72-0001", 9)
+    snap.add_residents(["nvl72-0000"])
+    snap.add_residents(["nvl72-0001"], 6)
+    other = plan_gang(snap, GangRequest("other", groups=1, group_gpus=8, gpus_per_pod=4))
+    assert other.supernodes == {"nvl72-0001"}
+    growth = plan_gang(
+        snap, GangRequest("grow", groups=1, group_gpus=8, gpus_per_pod=4, resident_on=frozenset({"nvl72-0000"}))
+    )
+    assert growth.supernodes == {"nvl72-0000"}
+
+
+def test_a_supernode_taken_again_by_a_later_step_is_not_charged_its_joining_cost_twice():
+    # Found by comparing against a planner that charges the joining cost at every step: the
+    # greedy comes back to rack 1 for more groups, and must not pay its five residents' cost again.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 4))
+    for rack, (nodes, residents) in enumerate(((17, 3), (3, 5), (16, 5), (8, 5))):
+        use(snap, f"nvl72-000{rack}", nodes)
+        snap.add_residents([f"nvl72-000{rack}"], residents)
+    demand = GroupDemand()
+    demand.observe("nvidia.com/gpu", 64)
+    demand.observe("nvidia.com/gpu", 32)
+    plan = plan_gang(snap, GangRequest("g", groups=17, group_gpus=4, gpus_per_pod=4), demand)
+    per_supernode = {sn: sum(1 for g in plan.groups if g.supernode == sn) for sn in plan.supernodes}
+    assert per_supernode == {"nvl72-0001": 15, "nvl72-0002": 2}

@@ -18,6 +18,7 @@ from tidal.k8s.training import allocations
 from tidal.k8s.watch import WatchCache
 from tidal.placement import plan_gang
 from tidal.placement.leftover import QUEUE_WEIGHT, ArrivalHistory
+from tidal.topology import build_fleet, snapshot_from_fleet
 
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE, run
@@ -335,19 +336,18 @@ def test_placement_demand_counts_each_job_once_as_an_arrival_and_queued_ones_aga
         queued.uid: (queued, {"phase": "Pending"}),
         broken.uid: (broken, {"phase": "Pending"}),
     }
+    # A 128-GPU group no 72-GPU rack holds asks for nothing, before admission has said so too.
     never = cluster.add("TrainingJob", "ml", "never", {"tp": 8, "ep": 16, "gpusPerPod": 4, "template": TEMPLATE})
-    statuses[never.uid] = (
-        never,
-        {
-            "phase": "Pending",
-            "conditions": [{"type": "Schedulable", "status": "False", "reason": "GroupLargerThanSupernodes"}],
-        },
-    )
-    demand = placement_demand(statuses, arrivals)
-    # Two arrivals of 16-GPU groups (the second ages the first by HISTORY_DECAY), one queued; the
-    # 128-GPU job no supernode holds asks for nothing.
+    statuses[never.uid] = (never, {"phase": "Pending"})
+    # A job whose PriorityClass does not exist waits for configuration, not capacity.
+    unknown = cluster.add("TrainingJob", "ml", "unknown", {"tp": 8, "gpusPerPod": 4, "template": TEMPLATE})
+    reason = {"type": "Schedulable", "status": "False", "reason": "UnknownPriorityClass"}
+    statuses[unknown.uid] = (unknown, {"phase": "Pending", "conditions": [reason]})
+    snapshot = snapshot_from_fleet(build_fleet("nvl72", 1))
+    demand = placement_demand(statuses, arrivals, snapshot)
+    # Two arrivals of 16-GPU groups (the second ages the first by HISTORY_DECAY), one queued.
     assert demand.sizes("nvidia.com/gpu") == {16: pytest.approx(QUEUE_WEIGHT + 0.98 + 1.0)}
-    again = placement_demand(statuses, arrivals)
+    again = placement_demand(statuses, arrivals, snapshot)
     assert again.sizes("nvidia.com/gpu") == demand.sizes("nvidia.com/gpu"), "an arrival is counted once"
 
 
@@ -357,8 +357,9 @@ def test_jobs_first_seen_together_arrive_in_creation_order():
     old = cluster.add("TrainingJob", "ml", "old", {"tp": 8, "gpusPerPod": 4, "template": TEMPLATE})
     new = job(cluster, "new", 1)  # created later, 16-GPU groups
     forward, backward = ArrivalHistory(), ArrivalHistory()
-    placement_demand({old.uid: (old, {"phase": "Running"}), new.uid: (new, {"phase": "Running"})}, forward)
-    placement_demand({new.uid: (new, {"phase": "Running"}), old.uid: (old, {"phase": "Running"})}, backward)
+    snapshot = snapshot_from_fleet(build_fleet("nvl72", 1))
+    placement_demand({old.uid: (old, {"phase": "Running"}), new.uid: (new, {"phase": "Running"})}, forward, snapshot)
+    placement_demand({new.uid: (new, {"phase": "Running"}), old.uid: (old, {"phase": "Running"})}, backward, snapshot)
     assert (
         forward.history.sizes("nvidia.com/gpu")
         == backward.history.sizes("nvidia.com/gpu")

@@ -48,6 +48,7 @@ from tidal.placement import (
     plan_preemption,
 )
 from tidal.placement.defrag import MovableGang, free_gpus, plan_defrag
+from tidal.placement.gang import group_fits_some_supernode
 from tidal.placement.leftover import ArrivalHistory, GroupDemand
 from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
@@ -56,6 +57,7 @@ QUEUED = frozenset({"Pending", "Restarting", ""})
 DEFRAGMENTED = "Defragmented"
 """Eviction reason of a defragmentation move."""
 WAITING = frozenset({"WaitingForPreemption", "WaitingForDefragmentation"})
+"""Reasons of a queued job that is re-planned every cycle (it must re-reserve its nodes)."""
 NEVER_FITS = frozenset(
     {
         "InvalidSpec",
@@ -67,8 +69,8 @@ NEVER_FITS = frozenset(
         UnplaceableReason.LARGER_THAN_CLUSTER.value,
     }
 )
-"""Pending reasons that no free capacity changes: such a job's size is not demand to keep room for."""
-"""Reasons of a queued job that is re-planned every cycle (it must re-reserve its nodes)."""
+"""Pending reasons that no free capacity clears (configuration or shape): such a job's size is not
+demand to keep room for."""
 DEFRAG_COOLDOWN = dt.timedelta(minutes=10)
 """A job moved by defragmentation is not moved again sooner than this (no ping-pong)."""
 
@@ -85,17 +87,20 @@ def is_queued(view: ResourceView, status: dict[str, Any]) -> bool:
     )
 
 
-def placement_demand(statuses: dict[str, tuple[ResourceView, dict[str, Any]]], arrivals: ArrivalHistory) -> GroupDemand:
+def placement_demand(
+    statuses: dict[str, tuple[ResourceView, dict[str, Any]]], arrivals: ArrivalHistory, snapshot: ClusterSnapshot
+) -> GroupDemand:
     """The group sizes placement keeps leftovers for: each TrainingJob's once as an arrival (in
     `arrivals`, kept across cycles; jobs first seen in one cycle, e.g. every job after a restart,
     in creation order) and the queued ones' again, QUEUE_WEIGHT each. A job that can never be
-    placed as it is (invalid, larger than every supernode or the cluster) asks for nothing."""
+    placed as it is (invalid, a group larger than every supernode, a reason no capacity change
+    clears) asks for nothing, from its first cycle on."""
     queued: list[tuple[str, int]] = []
     first_seen: list[tuple[str, str, str, int]] = []
     for view, status in statuses.values():
-        group_gpus = _group_gpus(view.spec)
         accelerator = view.spec.get("accelerator", "nvidia.com/gpu")
-        if group_gpus is None or not isinstance(accelerator, str) or _schedulable_reason(status) in NEVER_FITS:
+        group_gpus = _group_gpus(view.spec, accelerator, snapshot)
+        if group_gpus is None or _schedulable_reason(status) in NEVER_FITS:
             continue
         if not arrivals.seen(view.uid):
             first_seen.append((view.created or "", view.uid, accelerator, group_gpus))
@@ -107,12 +112,16 @@ def placement_demand(statuses: dict[str, tuple[ResourceView, dict[str, Any]]], a
     return arrivals.demand(queued)
 
 
-def _group_gpus(spec: dict[str, Any]) -> int | None:
+def _group_gpus(spec: dict[str, Any], accelerator: object, snapshot: ClusterSnapshot) -> int | None:
+    """The job's HBD-group size if one such group fits an empty supernode, else None."""
+    if not isinstance(accelerator, str):
+        return None
     try:
-        group_gpus = GangShape.of(spec).group_gpus
-    except (KeyError, TypeError):
+        shape = GangShape.of(spec)
+        one_group = GangRequest("demand", 1, shape.group_gpus, shape.gpus_per_pod, accelerator)
+    except (KeyError, TypeError, ValueError):
         return None  # an invalid spec is refused by admission
-    return group_gpus if isinstance(group_gpus, int) and group_gpus > 0 else None
+    return shape.group_gpus if group_fits_some_supernode(snapshot, one_group) else None
 
 
 def queue_order(cyc: Cycle, item: tuple[ResourceView, dict[str, Any]]) -> tuple:

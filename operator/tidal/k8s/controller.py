@@ -304,7 +304,7 @@ class Controller:
             priorities=self.priorities(),
             domains_deleted_before=self.domains_deleted,
             admission_timeout=self.admission_timeout(),
-            demand=placement_demand(statuses, self.arrivals),
+            demand=placement_demand(statuses, self.arrivals, snapshot),
         )
         # A holder that waits no more (deleted or suspended) frees its nodes and quota share before
         # anything is planned: pools are grown before admission, which would drop it too late.

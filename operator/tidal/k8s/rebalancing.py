@@ -256,11 +256,14 @@ def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> N
             if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
                 continue  # grown only within the namespace's GPU quota
             groups = tuple(range(shape.groups, bigger.groups))
-            request = job_request(cyc, view, shape, group_ids=groups)
+            request = job_request(
+                cyc, view, shape, group_ids=groups, resident_on={g["supernode"] for g in status["placement"]}
+            )
             with cyc.tolerating(view.spec.get("template")):
                 plan = plan_gang(cyc.snapshot, request, cyc.demand)
                 if isinstance(plan, PlacementPlan):
                     apply_plan(cyc.snapshot, plan)
+                    cyc.snapshot.add_residents(plan.supernodes - request.resident_on)
             if not isinstance(plan, PlacementPlan):
                 continue
             cyc.quotas.book(view, bigger.world_size - shape.world_size)

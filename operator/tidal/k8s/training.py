@@ -7,6 +7,7 @@ pods equal to its recorded placement, level-based, so a restarted operator simpl
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -50,6 +51,7 @@ def job_request(
     recovery: bool = False,
     group_ids: list[int] | tuple[int, ...] | None = None,
     prefer_supernodes: tuple[str, ...] = (),
+    resident_on: Iterable[str] = (),
     name: str | None = None,
 ) -> GangRequest:
     """The placement request of a TrainingJob's gang (or of `group_ids` only): the job's
@@ -62,6 +64,7 @@ def job_request(
         recovery=recovery,
         group_ids=group_ids,
         prefer_supernodes=prefer_supernodes,
+        resident_on=resident_on,
     )
 
 
@@ -596,11 +599,13 @@ def _replace_groups(
         recovery=True,
         group_ids=groups,
         prefer_supernodes=tuple(dict.fromkeys(placement[g]["supernode"] for g in groups)),
+        resident_on={g["supernode"] for g in placement.values() if g["group"] not in groups},
     )
     with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoid):
         plan = plan_gang(cyc.snapshot, request, cyc.demand)
         if isinstance(plan, PlacementPlan):
             apply_plan(cyc.snapshot, plan)
+            cyc.snapshot.add_residents(plan.supernodes - request.resident_on)
             hold_domain_nodes(cyc, view, placement_of(plan))
     if not isinstance(plan, PlacementPlan):
         for g in groups:  # put the bookkeeping back; the caller restarts the whole gang

@@ -131,7 +131,7 @@ def _choose_supernodes(
     """
     if not capacity:
         return []  # e.g. recovery with room only on spares: the next tier supplies it
-    scorer = _LeftoverScorer(request.group_gpus, sizes)
+    scorer = _LeftoverScorer(request.group_gpus, sizes, request.resident_on)
     chosen: list[tuple[str, int]] = []
     in_used = {n: c for n, c in capacity.items() if (snapshot.supernodes[n].block or "") in used_blocks}
     if in_used:
@@ -192,10 +192,12 @@ class _LeftoverScorer:
     """Leftover value lost per group for k groups in a supernode, memoized on (free, whole, limit, joining):
     racks of one shape share few distinct free counts, so a call scores hundreds of racks cheaply."""
 
-    def __init__(self, group_gpus: int, sizes: dict[int, float]):
+    def __init__(self, group_gpus: int, sizes: dict[int, float], own: frozenset[str] = frozenset()):
         self.group = group_gpus
         self.sizes = sizes
-        self._memo: dict[tuple[int, int, int], tuple[float, int, int]] = {}
+        self.own = own
+        """Supernodes the request's workload already holds: no joining cost there."""
+        self._memo: dict[tuple[int, int, int, float], tuple[float, int, int]] = {}
 
     def value(self, free: int, whole: int) -> float:
         worth = leftover_value(free, self.sizes)
@@ -230,7 +232,9 @@ def _least_leftover_lost(
     free = {name: snapshot.largest_free_slice(name) for name in capacity}
     whole = {name: snapshot.domain_gpus(name) for name in capacity}
     residents = snapshot.residents
-    joining = {name: resident_cost(residents.get(name, 0), whole[name]) for name in capacity}
+    joining = {
+        name: 0.0 if name in scorer.own else resident_cost(residents.get(name, 0), whole[name]) for name in capacity
+    }
     singles = [
         (round(scorer.loss(free[name], whole[name], wanted) + joining[name], 9), free[name], name)
         for name, groups in capacity.items()
@@ -292,6 +296,12 @@ def _assign_nodes(
             k = len(groups)
             groups.append(GroupAssignment(group_ids[k] if group_ids is not None else k, supernode, nodes))
     return groups
+
+
+def group_fits_some_supernode(snapshot: ClusterSnapshot, request: GangRequest) -> bool:
+    """Whether one of the request's groups fits an empty supernode (cached per shape version)."""
+    largest_node, largest_domain_pods, _ = _if_empty(snapshot, request)
+    return largest_node >= request.gpus_per_pod and largest_domain_pods >= request.pods_per_group
 
 
 def _if_empty(snapshot: ClusterSnapshot, request: GangRequest) -> tuple[int, int, int]:

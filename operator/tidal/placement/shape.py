@@ -11,7 +11,7 @@ check all ask for the same groups of the same size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,7 @@ class GangShape:
         recovery: bool = False,
         group_ids: Sequence[int] | None = None,
         prefer_supernodes: Sequence[str] = (),
+        resident_on: Iterable[str] = (),
     ) -> GangRequest:
         """Every group of the gang, or only `group_ids` (groups re-placed or added), as one request."""
         return GangRequest(
@@ -84,5 +85,6 @@ class GangShape:
             priority=priority,
             recovery=recovery,
             prefer_supernodes=tuple(prefer_supernodes),
+            resident_on=frozenset(resident_on),
             group_ids=None if group_ids is None else tuple(group_ids),
         )

@@ -26,6 +26,9 @@ class GangRequest:
     """Recovery of failed groups may use hot-spare nodes; nothing else may."""
     prefer_supernodes: tuple[str, ...] = ()
     """Try these supernodes first, in order (e.g. the group's own supernode on recovery)."""
+    resident_on: frozenset[str] = frozenset()
+    """Supernodes the workload already holds (growth, recovery): joining them costs nothing,
+    since it is a resident there already (`gang.resident_cost`)."""
     group_ids: tuple[int, ...] | None = None
     """The caller's ids of the groups, e.g. the broken groups being re-placed; default 0..groups-1."""
 
