@@ -242,19 +242,22 @@ def _least_leftover_lost(
     ]
     capacity = dict(capacity)
     chosen: dict[str, int] = {}
-    paid: dict[str, float] = {}
     remaining = wanted
     lost = 0.0
     while remaining > 0:
         per_group, minus_k, _, name = min(
             # joining is paid once per supernode: not again for more groups where some already went
-            (*scorer.best_step(free[name], whole[name], min(groups, remaining), paid.get(name, joining[name])), name)
+            (
+                *scorer.best_step(
+                    free[name], whole[name], min(groups, remaining), 0.0 if name in chosen else joining[name]
+                ),
+                name,
+            )
             for name, groups in capacity.items()
         )
         k = -minus_k
         lost += per_group * k
         chosen[name] = chosen.get(name, 0) + k
-        paid[name] = 0.0
         capacity[name] -= k
         free[name] -= k * scorer.group
         if not capacity[name]:
