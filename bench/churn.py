@@ -24,7 +24,7 @@ A job still pending after `patience` is refused. The same arrival stream is give
 Stranded GPUs: free GPUs no pending group size can use (time average over the measured window,
 0 while nothing waits; counted on supernode totals, not per node). Measured after the first
 `warmup` share of arrivals; jobs still queued at the end are reported as left_in_queue.
-refused_by_shape counts the refused jobs per shape, as "groups x GPUs per group" ("128x8" is a
+refused_jobs_by_shape counts the refused jobs per shape, as "groups x GPUs per group" ("128x8" is a
 1,024-GPU job of 8-GPU groups): which jobs a planner sacrifices, not only how many.
 """
 
@@ -116,7 +116,7 @@ def run_churn(
     queue: dict[int, Job] = {}
     arrivals_seen = ArrivalHistory()  # what tidal's operator keeps: the same weights and ageing
     refused = refused_gpus = splits = 0
-    refused_by_shape: Counter[str] = Counter()
+    refused_jobs_by_shape: Counter[str] = Counter()
     waits_large: list[float] = []
     stranded_area = busy_area = 0.0
     last = 0.0
@@ -144,7 +144,7 @@ def run_churn(
                 if job.arrival >= start:
                     refused += 1
                     refused_gpus += job.shape.gpus
-                    refused_by_shape[f"{job.shape.groups}x{job.shape.group_gpus}"] += 1
+                    refused_jobs_by_shape[f"{job.shape.groups}x{job.shape.group_gpus}"] += 1
         demand = arrivals_seen.demand((accelerator, job.shape.group_gpus) for job in queue.values())
         # Capacity only grows at a departure: an arrival can only place itself (Kueue retries
         # queue heads on capacity changes for the same reason).
@@ -168,7 +168,7 @@ def run_churn(
     return {
         "refused_jobs": refused,
         "refused_gpus": refused_gpus,
-        "refused_by_shape": dict(sorted(refused_by_shape.items())),
+        "refused_jobs_by_shape": dict(sorted(refused_jobs_by_shape.items())),
         "stranded_gpus": round(stranded_area / window, 1),
         "allocated_share": round(busy_area / window / snapshot.total_gpus(), 4),
         "large_gang_mean_pending_s": round(statistics.fmean(waits_large), 1) if waits_large else 0.0,

@@ -26,7 +26,8 @@ def test_placement_bench_quick_prints_every_field():
         assert field in result, field
     assert result["churn_split_groups"] == [0]
     for suffix in ("", "_constrained_first_fit"):  # the per-shape breakdown accounts for every refusal
-        by_shape = [sum(shapes.values()) for shapes in result[f"churn_refused_by_shape{suffix}"]]
+        assert result[f"churn_refused_jobs{suffix}"][0] > 0  # else the next line holds vacuously
+        by_shape = [sum(shapes.values()) for shapes in result[f"churn_refused_jobs_by_shape{suffix}"]]
         assert by_shape == result[f"churn_refused_jobs{suffix}"]
     assert result["churn_split_groups_constrained_first_fit"] == [0]
     assert result["preemption_worst_excess_ratio"] == 1.0
