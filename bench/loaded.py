@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 
 from tidal.placement import GangRequest, PlacementPlan, apply_plan, plan_gang, release_plan
-from tidal.placement.leftover import HISTORY_DECAY, GroupDemand
+from tidal.placement.leftover import ArrivalHistory, GroupDemand
 from tidal.placement.workload_mix import TRAINING_MIX, JobShape
 from tidal.topology import SHAPES, ClusterSnapshot, fleet_for_gpus, snapshot_from_fleet
 
@@ -47,7 +47,8 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
     mean_gpus = sum(s.gpus * w for s, w in zip(mix, weights, strict=True)) / sum(weights)
     mean_duration = 4 * 3600.0
     rate = 1.3 * total / (mean_gpus * mean_duration)
-    demand = GroupDemand()
+    arrived = ArrivalHistory()  # the operator's ageing of arrivals' group sizes
+    demand = arrived.history
     loaded = LoadedCluster(snapshot, {}, demand, mix, accelerator, {})
     departures: list[tuple[float, str]] = []
     now = 0.0
@@ -60,8 +61,7 @@ def churned_cluster(shape: str, gpus: int, seed: int, target: float = 0.99, arri
             snapshot.add_residents(gone.supernodes, -1)
             del loaded.shapes[name]
         shape_i = rng.choices(mix, weights)[0]
-        demand.decay(HISTORY_DECAY)
-        demand.observe(accelerator, shape_i.group_gpus)
+        arrived.arrive(i, accelerator, shape_i.group_gpus)
         plan = plan_gang(snapshot, loaded.request(f"job-{i}", shape_i), demand)
         if isinstance(plan, PlacementPlan):
             apply_plan(snapshot, plan)
