@@ -274,7 +274,7 @@ def _assign_nodes(
     snapshot: ClusterSnapshot, request: GangRequest, chosen: dict[str, int], preferred: set[str]
 ) -> list[GroupAssignment]:
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
-    recovery, group_ids = request.recovery, request.group_ids
+    recovery = request.recovery
     groups: list[GroupAssignment] = []
     # Sort keys as tuples built once per node (node.free is a property): a 16k-GPU gang on 8-GPU
     # servers visits 2,048 supernodes here. Names are unique, so no two keys tie.
@@ -296,8 +296,7 @@ def _assign_nodes(
                 pod_slots += [name] * slots
         for i in range(count):
             nodes = tuple(pod_slots[i * per_group : (i + 1) * per_group])
-            k = len(groups)
-            groups.append(GroupAssignment(group_ids[k] if group_ids is not None else k, supernode, nodes))
+            groups.append(GroupAssignment(request.group_id(len(groups)), supernode, nodes))
     return groups
 
 
