@@ -67,12 +67,16 @@ class PathRule:
 
     method: str
     path_part: str
-    fault: str  # "hang", "throttle_429", "delay" (held hang_seconds, then forwarded) or "record" (timed only)
+    fault: str  # "hang", "throttle_429", "conflict_409", "delay" (held hang_seconds, then forwarded), "record"
     rate: float = 1.0
     hang_seconds: float = 600.0
     first: int = 0
     retry_after: str | None = "1"
     """Retry-After of a throttle_429 (None: none sent, the client's own backoff alone decides)."""
+    body_part: bytes = b""
+    """Only requests whose body contains this (say, one kind of JSON patch among a path's writes)."""
+    times: int = 0
+    """At most this many faults from this rule in all (0: no limit): one refused call, then calm."""
 
 
 @dataclass
@@ -154,6 +158,8 @@ class FaultProxy:
         self.injected: Counter[str] = Counter()
         self.requests = 0
         self.arrivals: defaultdict[tuple[str, str, str], list[float]] = defaultdict(list)
+        self.rule_faults: Counter[int] = Counter()
+        """Rule index -> faults it injected (for `times`)."""
         """(method, path, body digest) -> monotonic arrival times of the requests a `first` or
         "record" rule matched."""
         self.enabled = True  # off while the harness settles, so the final state is judged without noise
@@ -220,6 +226,8 @@ class FaultProxy:
             for index, rule in enumerate(self.rates.rules):
                 if rule.method != method or rule.path_part not in path or watch:
                     continue
+                if rule.body_part and rule.body_part not in (body or b""):
+                    continue
                 if rule.first or rule.fault == "record":
                     key = (method, path, hashlib.sha256(body or b"").hexdigest())
                     self.arrivals[key].append(time.monotonic())
@@ -227,6 +235,9 @@ class FaultProxy:
                         return None, param
                 elif roll >= rule.rate:
                     continue
+                if rule.times and self.rule_faults[index] >= rule.times:
+                    continue
+                self.rule_faults[index] += 1
                 if rule.fault == "throttle_429":
                     return f"throttle_429:{index}", param
                 return rule.fault, rule.hang_seconds if rule.fault in ("hang", "delay") else param

@@ -57,3 +57,17 @@ def test_delay_and_record_rules(kubeconfig: Path):
         assert [k[1] for k in proxy.arrivals if k[0] == "DELETE"] == ["/pods/x"]
     finally:
         proxy.stop()
+
+
+def test_a_body_rule_faults_only_requests_whose_body_contains_its_part_and_only_its_times(kubeconfig: Path):
+    rule = PathRule("PATCH", "/trainingjobs/doomed", "conflict_409", body_part=b'"remove"', times=1)
+    proxy = proxy_with(kubeconfig, rule)
+    try:
+        path = "/apis/tidal.dev/v1alpha1/namespaces/n/trainingjobs/doomed"
+        removal = b'[{"op": "test"}, {"op": "remove", "path": "/metadata/finalizers"}]'
+        assert proxy.decide("PATCH", False, True, path=path, body=removal)[0] == "conflict_409"
+        assert proxy.decide("PATCH", False, path=path + "/status", body=b'{"status": {}}')[0] is None
+        assert proxy.decide("PATCH", False, path=path, body=None)[0] is None
+        assert proxy.decide("PATCH", False, True, path=path, body=removal)[0] is None  # its one fault was spent
+    finally:
+        proxy.stop()

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from tidal.clock import Clock, SystemClock
@@ -21,6 +22,7 @@ from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
+from tidal.k8s.deletions import DeletionNudger, nudge_annotation
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
@@ -123,6 +125,7 @@ class Controller:
         """Pools' Prometheus loads, sampled off the cycle (its thread starts when a pool names a source)."""
         self.domains_deleted: frozenset[tuple[str, str]] = frozenset()
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
+        self.deletions = DeletionNudger()
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -366,6 +369,7 @@ class Controller:
         for key in applied.failed_pod_deletes:
             cyc.deleted_uids.discard(cyc.plan.delete_uids.get(key, ""))
         self._update_supernodes(cyc)
+        self._nudge_deletions()
         supernodes_written = time.monotonic()
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
@@ -492,6 +496,22 @@ class Controller:
                 self._supernodes_seen.pop(name, None)
         for name in [n for n in self._supernodes_seen if n not in cyc.state.supernodes]:
             del self._supernodes_seen[name]
+
+    def _nudge_deletions(self) -> None:
+        """Deleted objects kopf still holds by its finalizer long after the deletion: see deletions.py."""
+        cache = self.cache
+        due = self.deletions.due(chain(cache.jobs.values(), cache.pools.values(), cache.supernodes.values()))
+        if not due:
+            return
+
+        def nudge(view: ResourceView) -> None:
+            try:
+                self.api.annotate(view.kind, view.namespace, view.name, nudge_annotation())
+                log.info("deleted object still held by kopf's finalizer: nudged", kind=view.kind, name=view.ref)
+            except Exception as e:  # tried again after the interval
+                log.warning("deletion nudge failed", kind=view.kind, name=view.ref, error=str(e)[:200])
+
+        self.api.parallel(nudge, due)
 
     def _overbooked_gpus(self, cyc: Cycle) -> int:
         snapshot = cyc.snapshot

@@ -32,6 +32,7 @@ import structlog
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s import kopf_startup
 from tidal.k8s.controller import Controller
+from tidal.k8s.deletions import FINALIZER
 from tidal.k8s.priority import priority_class_view
 from tidal.k8s.quota import quota_view
 from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view, tidal_controller
@@ -53,7 +54,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

@@ -87,6 +87,7 @@ class ResourceView:
     annotations: dict[str, str]
     resource_version: str
     deleting: bool
+    finalizers: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str | None, str]:
@@ -213,6 +214,7 @@ def resource_view(body: dict[str, Any]) -> ResourceView:
         annotations=dict(meta.get("annotations") or {}),
         resource_version=meta.get("resourceVersion", ""),
         deleting=bool(meta.get("deletionTimestamp")),
+        finalizers=tuple(meta.get("finalizers") or ()),
     )
 
 
