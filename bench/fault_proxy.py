@@ -158,10 +158,11 @@ class FaultProxy:
         self.injected: Counter[str] = Counter()
         self.requests = 0
         self.arrivals: defaultdict[tuple[str, str, str], list[float]] = defaultdict(list)
-        self.rule_faults: Counter[int] = Counter()
-        """Rule index -> faults it injected (for `times`)."""
         """(method, path, body digest) -> monotonic arrival times of the requests a `first` or
         "record" rule matched."""
+        self.rule_faults: Counter[PathRule] = Counter()
+        """Faults each rule injected (for its `times`), kept by the rule itself: rules may be
+        replaced while the proxy runs."""
         self.enabled = True  # off while the harness settles, so the final state is judged without noise
         self._rng = random.Random(rates.seed)
         self._lock = threading.Lock()
@@ -235,9 +236,9 @@ class FaultProxy:
                         return None, param
                 elif roll >= rule.rate:
                     continue
-                if rule.times and self.rule_faults[index] >= rule.times:
+                if rule.times and self.rule_faults[rule] >= rule.times:
                     continue
-                self.rule_faults[index] += 1
+                self.rule_faults[rule] += 1
                 if rule.fault == "throttle_429":
                     return f"throttle_429:{index}", param
                 return rule.fault, rule.hang_seconds if rule.fault in ("hang", "delay") else param

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from bench.fault_proxy import PathRule
 
+from tidal.k8s.deletions import FINALIZER, NUDGE_ANNOTATION
+
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
 from .proxied import operator_behind_proxy
 from .test_operator import job, submit, wait_phase
 from .test_tide import pool, pool_status
-
-FINALIZER = "tidal.dev/finalizer"
 
 
 def gone(kube: Kube, namespace: str, kind: str, name: str) -> bool:
@@ -40,15 +40,24 @@ def test_deleted_objects_go_although_their_finalizer_removal_was_refused(
             meta = kube.get(kind, name, "-n", namespace)["metadata"]
             assert FINALIZER in meta.get("finalizers", []), meta
         # From now on, the first JSON patch that removes something from each (kopf's release of its
-        # finalizer) is refused with a 409, which kopf does not retry.
-        removal = b'"remove"'
+        # finalizer: tidal itself never removes anything from them) is refused with a 409, which kopf
+        # does not retry; the nudges tidal writes are recorded.
+        removal, nudge = b'"remove"', NUDGE_ANNOTATION.encode()
+        paths = [f"/namespaces/{namespace}/trainingjobs/doomed", f"/namespaces/{namespace}/inferencepools/doomed-pool"]
         proxy.rates.rules = tuple(
-            PathRule("PATCH", f"/namespaces/{namespace}/{plural}/{name}", "conflict_409", body_part=removal, times=1)
-            for plural, name in (("trainingjobs", "doomed"), ("inferencepools", "doomed-pool"))
+            rule
+            for path in paths
+            for rule in (
+                PathRule("PATCH", path, "conflict_409", body_part=removal, times=1),
+                PathRule("PATCH", path, "record", body_part=nudge),
+            )
         )
         kube.delete("trainingjob", "doomed", "-n", namespace)
         kube.delete("inferencepool", "doomed-pool", "-n", namespace)
         eventually(lambda: proxy.injected["conflict_409"] >= 2, timeout=30, what="both finalizer removals refused")
         eventually(lambda: gone(kube, namespace, "trainingjob", "doomed"), timeout=60, what="the deleted job gone")
         eventually(lambda: gone(kube, namespace, "inferencepool", "doomed-pool"), timeout=60, what="the pool gone")
+        # Freed by the nudges, not by something else: each was nudged before it went.
+        nudged = {path for (method, path, _), times in proxy.arrivals.items() if method == "PATCH" and times}
+        assert all(any(p.endswith(path) for p in nudged) for path in paths), nudged
         assert own.proc is not None and own.proc.poll() is None, "the operator died"

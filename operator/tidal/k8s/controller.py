@@ -22,7 +22,7 @@ from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
-from tidal.k8s.deletions import DeletionNudger, nudge_annotation
+from tidal.k8s.deletions import DeletionNudger
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
@@ -125,7 +125,8 @@ class Controller:
         """Pools' Prometheus loads, sampled off the cycle (its thread starts when a pool names a source)."""
         self.domains_deleted: frozenset[tuple[str, str]] = frozenset()
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
-        self.deletions = DeletionNudger()
+        self.nudger = DeletionNudger()
+        """Deleted objects kopf's finalizer still holds: see deletions.py."""
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -369,8 +370,8 @@ class Controller:
         for key in applied.failed_pod_deletes:
             cyc.deleted_uids.discard(cyc.plan.delete_uids.get(key, ""))
         self._update_supernodes(cyc)
-        self._nudge_deletions()
         supernodes_written = time.monotonic()
+        self.nudger.nudge(self.api, chain(cache.jobs.values(), cache.pools.values(), cache.supernodes.values()))
         self.keeper.end_cycle()
         self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
         for uid in [u for u in self.pending_memo if u not in statuses]:
@@ -496,22 +497,6 @@ class Controller:
                 self._supernodes_seen.pop(name, None)
         for name in [n for n in self._supernodes_seen if n not in cyc.state.supernodes]:
             del self._supernodes_seen[name]
-
-    def _nudge_deletions(self) -> None:
-        """Deleted objects kopf still holds by its finalizer long after the deletion: see deletions.py."""
-        cache = self.cache
-        due = self.deletions.due(chain(cache.jobs.values(), cache.pools.values(), cache.supernodes.values()))
-        if not due:
-            return
-
-        def nudge(view: ResourceView) -> None:
-            try:
-                self.api.annotate(view.kind, view.namespace, view.name, nudge_annotation())
-                log.info("deleted object still held by kopf's finalizer: nudged", kind=view.kind, name=view.ref)
-            except Exception as e:  # tried again after the interval
-                log.warning("deletion nudge failed", kind=view.kind, name=view.ref, error=str(e)[:200])
-
-        self.api.parallel(nudge, due)
 
     def _overbooked_gpus(self, cyc: Cycle) -> int:
         snapshot = cyc.snapshot

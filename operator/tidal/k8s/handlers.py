@@ -55,6 +55,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = FINALIZER
+    # A deleted object whose timer is mid-tick keeps kopf's finalizer until kopf looks again, by
+    # default 60 s later: look every few seconds instead (see k8s/deletions.py for the rest).
+    settings.background.cancellation_polling = 5
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
