@@ -32,6 +32,8 @@ export KWOK_WORKDIR=${TIDAL_CLUSTER_HOME:-$HOME/.cache/tidal/clusters}
 cluster_dir="$KWOK_WORKDIR/clusters/$name"
 kubeconfig="$cluster_dir/tidal.kubeconfig"
 log() { echo "[cluster] $*" >&2; }
+# Nodes and pods annotated <this>=true are left alone by KWOK (tests/cluster/test_fencing.py).
+KWOK_IGNORE_ANNOTATION=test.tidal.dev/kwok-ignore
 
 binaries() { "$here/build-binaries.sh" | tail -n 1; }
 
@@ -104,6 +106,10 @@ componentsPatches:
 - name: kwok-controller
   extraArgs:
   - {key: server-address, value: "127.0.0.1:$kwok_port"}
+  # A per-object opt-out, so a test can cut a node off as a real partition would: KWOK leaves
+  # nodes and pods with this annotation alone (no heartbeat, nothing confirms a deletion).
+  # Deprecated in KWOK for the Stage API, still honoured by the pinned v0.8.0.
+  - {key: disregard-status-with-annotation-selector, value: "$KWOK_IGNORE_ANNOTATION=true"}
 - name: kube-apiserver
   extraArgs:
   - {key: bind-address, value: 127.0.0.1}

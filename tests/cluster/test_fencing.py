@@ -1,9 +1,12 @@
 """Fencing on the real cluster: a pod on a NotReady node is never force-deleted while the node
 might still run it, so no rank ever runs twice; the out-of-service taint is what lets it go.
 
-The partition is real as far as the API server can tell: the test takes the node's Lease from
-KWOK (which then stops acting as its kubelet: no heartbeat, nothing confirms a pod's deletion)
-and reports the node NotReady, as a kubelet cut off from its GPUs or a split network would."""
+The partition is real as far as the API server can tell: the test marks the node and its pods
+with KWOK's opt-out annotation (e2e/cluster.sh starts KWOK with it, so KWOK stops acting as
+their kubelet: no status, nothing confirms a pod's deletion), takes the node's Lease (no
+heartbeat) and reports the node NotReady, as a kubelet cut off from its GPUs or a split network
+would. Taking the Lease alone was not enough: KWOK, mid-way through its own work, sometimes still
+finished a deletion on the node a second after the Lease changed hands."""
 
 from __future__ import annotations
 
@@ -18,29 +21,51 @@ from .test_operator import assert_gangs_sound, job, node_supernodes, pods_of, st
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 
+KWOK_IGNORE = "test.tidal.dev/kwok-ignore"
+"""KWOK leaves nodes and pods with this annotation set to "true" alone (e2e/cluster.sh sets it up)."""
+
+
 def _ready(kube: Kube, node: str) -> bool:
     conditions = kube.get("node", node)["status"].get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def _pods_on(kube: Kube, node: str) -> list[tuple[str, str]]:
+    pods = kube.get("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+    return [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods]
+
+
+def _kwok_honours_the_opt_out(kube: Kube) -> bool:
+    config = kube.kubeconfig.parent / "kwok.yaml"  # kwokctl's record of how it started KWOK
+    return config.exists() and f"--disregard-status-with-annotation-selector={KWOK_IGNORE}=true" in config.read_text()
+
+
 def partition(kube: Kube, node: str) -> None:
-    """KWOK stops simulating a node whose Lease another holder has; then the node says NotReady."""
+    """KWOK stops acting for the node and its pods; the node has no heartbeat and says NotReady."""
+    assert _kwok_honours_the_opt_out(kube), (
+        f"this cluster's KWOK was started without the {KWOK_IGNORE} opt-out (an older e2e/cluster.sh): "
+        "remove it with `e2e/cluster.sh down --name <cluster>` and run again"
+    )
+    # Pods first: once the node is NotReady the operator may delete them at any moment, and KWOK
+    # must already be ignoring them when it sees that deletion.
+    for namespace, pod in _pods_on(kube, node):
+        kube.run("annotate", "pod", "-n", namespace, pod, f"{KWOK_IGNORE}=true", "--overwrite")
+    kube.run("annotate", "node", node, f"{KWOK_IGNORE}=true", "--overwrite")
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     lease = {"spec": {"holderIdentity": "tidal-test-partition", "leaseDurationSeconds": 3600, "renewTime": now}}
     kube.run("patch", "lease", "-n", "kube-node-lease", node, "--type=merge", "-p", _json(lease))
     not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
-
-    def stays_not_ready() -> bool:
-        kube.run("patch", "node", node, "--subresource=status", "--type=strategic", "-p", _json(not_ready))
-        time.sleep(3)  # had KWOK still held the node, it would have made it Ready again by now
-        return not _ready(kube, node)
-
-    eventually(stays_not_ready, timeout=60, interval=1, what=f"{node} NotReady and left alone by KWOK")
+    kube.run("patch", "node", node, "--subresource=status", "--type=strategic", "-p", _json(not_ready))
+    time.sleep(3)  # had KWOK still acted for the node, it would have made it Ready again by now
+    assert not _ready(kube, node), f"KWOK still acts for {node} after the opt-out"
 
 
 def heal(kube: Kube, node: str) -> None:
     """Give the node back to KWOK: it makes a new Lease and reports the node Ready again."""
     kube.run("taint", "node", node, f"{OUT_OF_SERVICE}-", check=False)
+    for namespace, pod in _pods_on(kube, node):
+        kube.run("annotate", "pod", "-n", namespace, pod, f"{KWOK_IGNORE}-", check=False)
+    kube.run("annotate", "node", node, f"{KWOK_IGNORE}-", check=False)
     kube.run("delete", "lease", "-n", "kube-node-lease", node, check=False)
     eventually(
         lambda: _ready(kube, node) and not kube.get("node", node)["spec"].get("taints"),
