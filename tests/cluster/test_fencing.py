@@ -30,14 +30,14 @@ def _ready(kube: Kube, node: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _pods_on(kube: Kube, node: str) -> list[tuple[str, str]]:
-    pods = kube.get("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
-    return [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods]
-
-
 def _kwok_honours_the_opt_out(kube: Kube) -> bool:
     config = kube.kubeconfig.parent / "kwok.yaml"  # kwokctl's record of how it started KWOK
     return config.exists() and f"--disregard-status-with-annotation-selector={KWOK_IGNORE}=true" in config.read_text()
+
+
+def _on(node: str) -> tuple[str, ...]:
+    """kubectl arguments that select every pod bound to the node."""
+    return ("--all-namespaces", "--field-selector", f"spec.nodeName={node}")
 
 
 def partition(kube: Kube, node: str) -> None:
@@ -45,14 +45,12 @@ def partition(kube: Kube, node: str) -> None:
     # KWOK keeps a heartbeat for every Ready node queued 600-610 s ahead, and plays it even once
     # the node is ignored (it would make the node Ready again). A change it still sees replaces
     # that job with one due 600 s from now, after this test is over.
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kube.run("annotate", "node", node, f"test.tidal.dev/partitioned-at={stamp}", "--overwrite")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    kube.run("annotate", "node", node, f"test.tidal.dev/partitioned-at={now}", "--overwrite")
     # Pods first: once the node is NotReady the operator may delete them at any moment, and KWOK
     # must already be ignoring them when it sees that deletion.
-    for namespace, pod in _pods_on(kube, node):
-        kube.run("annotate", "pod", "-n", namespace, pod, f"{KWOK_IGNORE}=true", "--overwrite")
+    kube.run("annotate", "pods", *_on(node), f"{KWOK_IGNORE}=true", "--overwrite")
     kube.run("annotate", "node", node, f"{KWOK_IGNORE}=true", "--overwrite")
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     lease = {"spec": {"holderIdentity": "tidal-test-partition", "leaseDurationSeconds": 3600, "renewTime": now}}
     kube.run("patch", "lease", "-n", "kube-node-lease", node, "--type=merge", "-p", _json(lease))
     not_ready = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
@@ -64,8 +62,7 @@ def partition(kube: Kube, node: str) -> None:
 def heal(kube: Kube, node: str) -> None:
     """Give the node back to KWOK: it makes a new Lease and reports the node Ready again."""
     kube.run("taint", "node", node, f"{OUT_OF_SERVICE}-", check=False)
-    for namespace, pod in _pods_on(kube, node):
-        kube.run("annotate", "pod", "-n", namespace, pod, f"{KWOK_IGNORE}-", check=False)
+    kube.run("annotate", "pods", *_on(node), f"{KWOK_IGNORE}-", check=False)
     kube.run("annotate", "node", node, f"{KWOK_IGNORE}-", "test.tidal.dev/partitioned-at-", check=False)
     kube.run("delete", "lease", "-n", "kube-node-lease", node, check=False)
     eventually(
@@ -83,14 +80,14 @@ def _json(body: dict) -> str:
 def test_a_pod_on_a_not_ready_node_is_replaced_only_after_the_node_is_fenced(
     kube: Kube, running_operator: OperatorProcess, namespace: str
 ):
-    submit(kube, namespace, job("fenced", tp=4, ep=4, pp=2, dp=1, restartPolicy={"scope": "Group"}))
-    wait_phase(kube, namespace, "fenced", "Running")
-    victim = "fenced-5"  # a pod of group 1
-    node = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_of(kube, namespace, "fenced")}[victim]
     assert _kwok_honours_the_opt_out(kube), (
         f"this cluster's KWOK was started without the {KWOK_IGNORE} opt-out (an older e2e/cluster.sh): "
         "remove it with `e2e/cluster.sh down --name <cluster>` and run again"
     )
+    submit(kube, namespace, job("fenced", tp=4, ep=4, pp=2, dp=1, restartPolicy={"scope": "Group"}))
+    wait_phase(kube, namespace, "fenced", "Running")
+    victim = "fenced-5"  # a pod of group 1
+    node = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_of(kube, namespace, "fenced")}[victim]
     try:
         partition(kube, node)
 
