@@ -1,8 +1,10 @@
 """Each quality rule of plan_gang pinned by a test that fails when the rule is removed.
 
 Mutations tried (see the README's placement section): tightest-first inside a block instead of the
-leftover score, best-fit block chosen before the leftover score, no whole-domain worth, worst-fit
-nodes, a diagnosis cache keyed on object identity, other racks' spares before their free nodes.
+leftover score, best-fit block chosen before the leftover score, worst-fit block on a tie, the
+emptiest blocks scored instead of the fullest, no whole-domain worth, worst-fit nodes, a diagnosis
+cache keyed on object identity, other racks' spares before their free nodes (inside a rack and as
+a tier).
 """
 
 from __future__ import annotations
@@ -73,12 +75,36 @@ def test_a_single_group_goes_to_the_best_hole_in_any_block_not_the_fullest_block
     assert plan.supernodes == {"nvl72-0020"}
 
 
-def test_gang_fitting_one_block_stays_in_it_and_the_fuller_block_wins_ties():
+def test_gang_fitting_one_block_stays_in_it():
     snap = snapshot_from_fleet(build_fleet("nvl72", 48))
     for s in range(16, 32):
         use(snap, f"nvl72-{s:04d}", 2)  # block 1: 64 free per rack; blocks 0 and 2 empty
     plan = plan_gang(snap, GangRequest("g", groups=16, group_gpus=64, gpus_per_pod=4))
     assert {snap.supernodes[s].block for s in plan.supernodes} == {"nvl72-block-001"}
+
+
+def test_the_fuller_block_wins_when_the_leftover_score_ties():
+    # Block 0: two racks with 16 free; block 1: three. Two 16-GPU groups empty two holes either
+    # way (the same leftover lost); best-fit keeps block 1's third hole and takes block 0.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 48))
+    holes = {0, 1, 16, 17, 18}
+    for s in range(48):
+        use(snap, f"nvl72-{s:04d}", 14 if s in holes else 18)
+    plan = plan_gang(snap, GangRequest("pair", groups=2, group_gpus=16, gpus_per_pod=4))
+    assert plan.supernodes == {"nvl72-0000", "nvl72-0001"}
+
+
+def test_the_fullest_blocks_are_the_ones_scored_when_many_fit():
+    # 18 blocks fit a 2x16 gang, more than BLOCKS_SCORED. Blocks 0-16 each have a rack with 48
+    # free, block 17 (last by name) a rack with exactly 32: every choice loses the same leftover,
+    # so best-fit must take block 17, which it can only if the fullest blocks are scored.
+    assert gang.BLOCKS_SCORED < 18
+    snap = snapshot_from_fleet(build_fleet("nvl72", 18 * 16))
+    for s in range(18 * 16):
+        block, rack = divmod(s, 16)
+        use(snap, f"nvl72-{s:04d}", 18 if rack else (10 if block == 17 else 6))
+    plan = plan_gang(snap, GangRequest("pair", groups=2, group_gpus=16, gpus_per_pod=4))
+    assert plan.supernodes == {f"nvl72-{17 * 16:04d}"}
 
 
 def test_recovery_order_own_spares_then_other_racks_free_nodes_then_their_spares():
@@ -102,6 +128,26 @@ def test_recovery_order_own_spares_then_other_racks_free_nodes_then_their_spares
     assert isinstance(more, PlacementPlan)
     assert more.groups[2].nodes == ("nvl72-0001-n00", "nvl72-0001-n01"), "other racks' spares come last"
     assert isinstance(plan_gang(snap, GangRequest("plain", 2, 8, 4)), Unplaceable), "spares are for recovery"
+
+
+def test_recovery_takes_other_racks_free_nodes_before_any_of_their_spares():
+    # The own rack is full. Racks 1 and 2 have one 8-GPU group of ordinary free nodes each, rack 3
+    # only hot spares (room for two). Three groups: both ordinary holes, then one group of spares.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 4))
+    use(snap, "nvl72-0000", 18)
+    for sn in ("nvl72-0001", "nvl72-0002"):
+        use(snap, sn, 16)
+    nodes = list(snap.member_nodes("nvl72-0003"))
+    for node in nodes[:4]:
+        snap.update_node(node.name, spare=True)
+    for node in nodes[4:]:
+        snap.allocate(node.name, 4)
+    fix = GangRequest("fix", 3, 8, 4, recovery=True, prefer_supernodes=("nvl72-0000",))
+    plan = plan_gang(snap, fix)
+    assert isinstance(plan, PlacementPlan)
+    on_spares = [g for g in plan.groups if any(snap.nodes[n].spare for n in g.nodes)]
+    assert len(on_spares) == 1, plan.groups
+    assert plan.supernodes == {"nvl72-0001", "nvl72-0002", "nvl72-0003"}
 
 
 def _tiny_cluster(gpus_per_node: int) -> ClusterSnapshot:
