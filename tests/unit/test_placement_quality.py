@@ -2,9 +2,11 @@
 
 Mutations tried (see the README's placement section): tightest-first inside a block instead of the
 leftover score, best-fit block chosen before the leftover score, worst-fit block on a tie, the
-emptiest blocks scored instead of the fullest, no whole-domain worth, worst-fit nodes, a diagnosis
-cache keyed on object identity, other racks' spares before their free nodes (inside a rack and as
-a tier).
+emptiest blocks scored instead of the fullest, smallest blocks first when none suffices, a single
+group scored only in the fullest blocks, no whole-domain worth, a diagnosis cache keyed on object
+identity, other racks' spares before their free nodes (inside a rack and as a tier). Fullest nodes
+first inside a supernode is pinned in test_placement.py. tests/unit/test_quality_mutants.py
+re-applies these mutants on every run.
 """
 
 from __future__ import annotations
@@ -84,27 +86,62 @@ def test_gang_fitting_one_block_stays_in_it():
 
 
 def test_the_fuller_block_wins_when_the_leftover_score_ties():
-    # Block 0: two racks with 16 free; block 1: three. Two 16-GPU groups empty two holes either
-    # way (the same leftover lost); best-fit keeps block 1's third hole and takes block 0.
+    # Block 0: three racks with 16 free; block 1: two. Two 16-GPU groups empty two holes either
+    # way (the same leftover lost); best-fit keeps block 0's third hole and takes block 1, which
+    # is second by name, so name order cannot pass for the rule.
     snap = snapshot_from_fleet(build_fleet("nvl72", 48))
-    holes = {0, 1, 16, 17, 18}
+    holes = {0, 1, 2, 16, 17}
     for s in range(48):
         use(snap, f"nvl72-{s:04d}", 14 if s in holes else 18)
     plan = plan_gang(snap, GangRequest("pair", groups=2, group_gpus=16, gpus_per_pod=4))
-    assert plan.supernodes == {"nvl72-0000", "nvl72-0001"}
+    assert plan.supernodes == {"nvl72-0016", "nvl72-0017"}
 
 
 def test_the_fullest_blocks_are_the_ones_scored_when_many_fit():
-    # 18 blocks fit a 2x16 gang, more than BLOCKS_SCORED. Blocks 0-16 each have a rack with 48
-    # free, block 17 (last by name) a rack with exactly 32: every choice loses the same leftover,
-    # so best-fit must take block 17, which it can only if the fullest blocks are scored.
-    assert gang.BLOCKS_SCORED < 18
-    snap = snapshot_from_fleet(build_fleet("nvl72", 18 * 16))
-    for s in range(18 * 16):
+    # More blocks fit a 2x16 gang than BLOCKS_SCORED. Each has a rack with 48 free but the last
+    # by name, whose rack has exactly 32: every choice loses the same leftover, so best-fit must
+    # take the last block, which it can only if the fullest blocks are the ones scored.
+    blocks = gang.BLOCKS_SCORED + 2
+    snap = snapshot_from_fleet(build_fleet("nvl72", blocks * 16))
+    for s in range(blocks * 16):
         block, rack = divmod(s, 16)
-        use(snap, f"nvl72-{s:04d}", 18 if rack else (10 if block == 17 else 6))
+        use(snap, f"nvl72-{s:04d}", 18 if rack else (10 if block == blocks - 1 else 6))
     plan = plan_gang(snap, GangRequest("pair", groups=2, group_gpus=16, gpus_per_pod=4))
-    assert plan.supernodes == {f"nvl72-{17 * 16:04d}"}
+    assert plan.supernodes == {f"nvl72-{(blocks - 1) * 16:04d}"}
+
+
+def test_the_largest_blocks_go_first_when_no_block_suffices():
+    # Empty racks per block: 10, 10, 3, 3. A 20-rack gang fits in the two large blocks; smallest
+    # blocks first would spread it over all four.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 64))
+    for s in range(64):
+        block, rack = divmod(s, 16)
+        if rack >= (10 if block < 2 else 3):
+            use(snap, f"nvl72-{s:04d}", 18)
+    plan = plan_gang(snap, GangRequest("big", groups=20, group_gpus=72, gpus_per_pod=4))
+    assert isinstance(plan, PlacementPlan)
+    assert {snap.supernodes[s].block for s in plan.supernodes} == {"nvl72-block-000", "nvl72-block-001"}
+
+
+def test_a_single_group_competes_in_every_block_however_many_there_are():
+    # More blocks than BLOCKS_SCORED. The exact 16-GPU holes are in the emptiest block (the last);
+    # every other block has one 20-GPU hole, which a queued 20-GPU group needs. Scoring only the
+    # fullest blocks would never see the exact holes.
+    blocks = gang.BLOCKS_SCORED + 2
+    snap = snapshot_from_fleet(build_fleet("nvl72", blocks * 16))
+    for s in range(blocks * 16):
+        block, rack = divmod(s, 16)
+        if block == blocks - 1 and rack < 3:
+            use(snap, f"nvl72-{s:04d}", 14)  # 16 free
+        elif block < blocks - 1 and rack == 0:
+            use(snap, f"nvl72-{s:04d}", 13)  # 20 free
+        else:
+            use(snap, f"nvl72-{s:04d}", 18)
+    demand = GroupDemand()
+    demand.observe("nvidia.com/gpu", 16)
+    demand.observe("nvidia.com/gpu", 20)
+    plan = plan_gang(snap, GangRequest("one", groups=1, group_gpus=16, gpus_per_pod=4), demand)
+    assert plan.supernodes <= {f"nvl72-{(blocks - 1) * 16 + i:04d}" for i in range(3)}, plan.supernodes
 
 
 def test_recovery_order_own_spares_then_other_racks_free_nodes_then_their_spares():
