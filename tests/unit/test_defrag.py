@@ -222,6 +222,56 @@ def test_greedy_alone_finds_a_plan_and_prunes(monkeypatch):
     check(snap, request, running, plan)
 
 
+def test_greedy_gives_back_a_move_the_plan_can_do_without(monkeypatch):
+    # Two 72-GPU groups. Rack 0 holds one 4-GPU gang "p": the cheapest rack to clear, taken
+    # first. "w" holds 16 GPUs on each of racks 1 and 2 and clears both alone, so "p" goes back.
+    # Rack 3 is held by pinned work.
+    monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
+    snap = racks(4)
+    p = put(snap, "p", 1, 4, on=rack(0))
+    halves = [put(snap, "w", 1, 16, on=rack(i)).gang.replicas[0] for i in (1, 2)]
+    w = MovableGang(RunningGang("w", 0, True, (tuple(sorted(halves[0] + halves[1])),)), GangRequest("w", 2, 16, 4))
+    pinned = put(snap, "pinned", 1, 40, on=rack(3), preemptible=False)
+    request = GangRequest("big", 2, 72, 4)
+    running = [p, w, pinned]
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and [m.eviction.gang for m in plan.moves] == ["w"], plan
+    check(snap, request, running, plan)
+
+
+def test_greedy_alone_clears_the_rack_with_fewest_moves(monkeypatch):
+    # test_fewest_moves_before_fewest_gpus's layout on the path large clusters take: one move of
+    # 24 GPUs beats two of 4 each.
+    monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
+    snap = racks(3)
+    running = [
+        put(snap, "one", 1, 24, on=rack(0)),
+        put(snap, "t1", 1, 4, on=rack(1)),
+        put(snap, "t2", 1, 4, on=rack(1)),
+    ]
+    running.append(put(snap, "pinned", 1, 8, on=rack(2), preemptible=False))
+    plan = plan_defrag(snap, GangRequest("big", 1, 72, 4), running, None)
+    assert plan is not None and [m.eviction.gang for m in plan.moves] == ["one"]
+
+
+def test_an_elastic_gang_is_never_shrunk_below_its_minimum():
+    # test_elastic_gang_gives_back_only_the_replicas_in_the_way's layout with minDP 3 of 4: giving
+    # back the two replicas on rack 0 would leave 2, so "el" moves whole.
+    snap = racks(3)
+    low = put(snap, "low", 2, 8, on=rack(1))
+    top = put(snap, "top", 2, 8, on=rack(0))
+    replicas = tuple(
+        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
+        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
+    )
+    elastic = MovableGang(RunningGang("el", 0, True, replicas, min_replicas=3), GangRequest("el", 4, 8, 4))
+    pinned = put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)
+    request = GangRequest("big", 1, 72, 4)
+    plan = plan_defrag(snap, request, [elastic, pinned], None)
+    assert plan is not None and [(m.eviction.gang, m.eviction.whole) for m in plan.moves] == [("el", True)]
+    check(snap, request, [elastic, pinned], plan)
+
+
 def test_stranded_gpus_count_what_no_pending_size_can_use():
     snap = racks(3)
     put(snap, "a", 1, 40, on=rack(0))  # 32 free
@@ -262,7 +312,7 @@ def loaded(draw):
             draw(st.integers(0, 6)),
             draw(st.booleans()),
             tuple(replicas),
-            min_replicas=1 if elastic else None,
+            min_replicas=draw(st.integers(1, len(replicas))) if elastic else None,
         )
         running.append(MovableGang(gang, req))
     acc = draw(st.sampled_from(accelerators))
@@ -295,6 +345,10 @@ def test_defrag_invariants(case):
         gang = by_name[move.eviction.gang]
         assert gang.preemptible, "never a non-preemptible gang"
         assert gang.priority <= request.priority, "never a higher-priority gang"
+        if not move.eviction.whole:
+            assert gang.min_replicas is not None, "only an elastic gang is shrunk"
+            kept = len(gang.replicas) - len(move.eviction.replicas)
+            assert kept >= gang.min_replicas, "never below its minimum DP replicas"
     assert len({m.eviction.gang for m in plan.moves}) == len(plan.moves)
     if budget is not None:
         assert plan.moved_gpus <= budget
