@@ -263,6 +263,18 @@ def test_ties_go_to_fewer_victims():
     assert [e.gang for e in plan.evictions] == ["pair"]
 
 
+def test_fewer_victims_before_lower_priority_among_the_cheapest_plans():
+    # Two servers are missing. "pair" (priority 3) frees both; "a" and "b" (priority 0) one each:
+    # 16 GPUs either way. Minimum GPUs, then fewest victims, then lowest priority: "pair".
+    snap = servers(4)
+    pair = holding(snap, "pair", [(0, 8), (1, 8)], priority=3)
+    a = holding(snap, "a", [(2, 8)], priority=0)
+    b = holding(snap, "b", [(3, 8)], priority=0)
+    plan = plan_preemption(snap, GangRequest("new", 2, 8, 8, priority=5), [a, b, pair])
+    assert isinstance(plan, PreemptionPlan)
+    assert [e.gang for e in plan.evictions] == ["pair"]
+
+
 def test_gives_back_what_the_plan_can_do_without():
     # 18 servers are missing. "half" frees one for 4 GPUs (the best deal, taken first); then nine
     # 2-server jobs are needed anyway, and they alone make 18: "half" goes back. 110 gangs that

@@ -67,3 +67,18 @@ def test_heuristic_alone_stays_close_to_the_minimum(monkeypatch: pytest.MonkeyPa
     at_minimum = sum(r == 1.0 for r in ratios) / len(ratios)
     assert at_minimum >= 0.95, f"at the minimum in {at_minimum:.0%}"
     assert max(ratios) <= 1.5
+
+
+def test_the_improvement_pass_brings_the_heuristic_to_the_minimum_almost_always(monkeypatch: pytest.MonkeyPatch):
+    # Pooled over seeds 1-5 (1,000 instances) the heuristic is at the minimum in 99.6% (worst 1.5x);
+    # without its improvement pass (_IMPROVE_ATTEMPTS* = 0) in 95.0% (worst 3.5x), which the
+    # single-seed test above, at the 95% target, lets through.
+    monkeypatch.setattr(preemption, "_EXACT_MAX_GANGS", -1)
+    ratios: list[float] = []
+    for seed in range(1, 6):
+        seed_ratios, missed, _ = compare(200, seed=seed)
+        assert missed == 0
+        ratios += seed_ratios
+    at_minimum = sum(r == 1.0 for r in ratios) / len(ratios)
+    assert at_minimum >= 0.98, f"at the minimum in {at_minimum:.1%}"
+    assert max(ratios) <= 1.5
