@@ -1,12 +1,16 @@
-"""Each quality rule of placement and preemption, removed from a copy of the source, turns its test red.
+"""Each quality rule of placement, preemption and defragmentation, removed from a copy of the source,
+turns its test red.
 
 A test that survives the removal of the rule it names pins nothing (the brief: swap best-fit for
 worst-fit, drop the cap, watch the test go red). Each mutant below edits one line of a copy of
 `operator/tidal`, then runs the test that pins the rule against that copy (PYTHONPATH first, so the
-installed package is not the one imported). When the code a mutant edits changes, this test says
-so and the mutant must be rewritten, not dropped. Known survivor, not listed: the preemption
-greedy's last tie-break (the larger of two moves with equal room per GPU and finished groups);
-see the README's placement benchmarks.
+installed package is not the one imported), together with the module's safety property tests,
+which must still pass: the mutant must make worse plans, not broken ones. When the code a mutant
+edits changes, this test says so and the mutant must be rewritten, not dropped.
+
+Known survivors, not listed: the preemption greedy's last tie-break (the larger of two moves with
+equal room per GPU and finished groups; see the README's placement benchmarks), the prune order,
+and defragmentation's move cap.
 """
 
 from __future__ import annotations
@@ -23,8 +27,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GANG = "placement/gang.py"
 PREEMPTION = "placement/preemption.py"
+DEFRAG = "placement/defrag.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
+PLACEMENT = "tests/unit/test_placement.py::"
 PREEMPT = "tests/unit/test_preemption.py::"
+OPTIMAL = "tests/unit/test_preemption_optimality.py::"
+DEFRAGS = "tests/unit/test_defrag.py::"
+SAFETY = {
+    GANG: ("tests/unit/test_placement_properties.py",),
+    PREEMPTION: (PREEMPT + "test_preemption_invariants",),
+    DEFRAG: (DEFRAGS + "test_defrag_invariants",),
+}
+"""The module's property tests of the safety invariants: a mutant must still pass them, so that it
+makes plans that are valid but worse (the rule removed), not plans that are broken."""
 
 
 @dataclass(frozen=True)
@@ -36,14 +51,17 @@ class Mutant:
     mutated: str
     pinned_by: str
     """The pytest node id that must fail."""
+    safe: bool = True
+    """False for a mutant that removes a safety rule: its property tests may fail too."""
 
 
 MUTANTS = [
+    # placement (plan_gang)
     Mutant(
         "best-fit block on a tie of the leftover score",
         GANG,
         "key = (round(lost, 6), block_capacity[b], b)",
-        "key = (round(lost, 6), -block_capacity[b], b)",
+        "key = (round(lost, 6), b)",
         QUALITY + "test_the_fuller_block_wins_when_the_leftover_score_ties",
     ),
     Mutant(
@@ -54,11 +72,25 @@ MUTANTS = [
         QUALITY + "test_the_fullest_blocks_are_the_ones_scored_when_many_fit",
     ),
     Mutant(
+        "largest blocks first when none suffices",
+        GANG,
+        "block = max(block_capacity, key=lambda b: (block_capacity[b], b))",
+        "block = min(block_capacity, key=lambda b: (block_capacity[b], b))",
+        QUALITY + "test_the_largest_blocks_go_first_when_no_block_suffices",
+    ),
+    Mutant(
+        "a single group competes in every block",
+        GANG,
+        "if wanted == 1:",
+        "if False:",
+        QUALITY + "test_a_single_group_competes_in_every_block_however_many_there_are",
+    ),
+    Mutant(
         "fullest nodes first inside a supernode",
         GANG,
-        "members.append((not n.spare if spares_first else n.spare, free, n.name))",
-        "members.append((not n.spare if spares_first else n.spare, -free, n.name))",
-        QUALITY + "test_recovery_order_own_spares_then_other_racks_free_nodes_then_their_spares",
+        "members.sort()  # fullest first; others' spares last",
+        "members.sort(key=lambda m: (m[0], -m[1], m[2]))  # fullest first; others' spares last",
+        PLACEMENT + "test_fullest_nodes_are_used_first_inside_a_supernode",
     ),
     Mutant(
         "leftover score, not the tightest supernode",
@@ -96,6 +128,14 @@ MUTANTS = [
         QUALITY + "test_recovery_takes_other_racks_free_nodes_before_any_of_their_spares",
     ),
     Mutant(
+        "the diagnosis cache is never keyed on object identity",
+        GANG,
+        "cache = snapshot.empty_cluster_cache",
+        "cache = _if_empty.__dict__.setdefault(id(snapshot), {})",
+        QUALITY + "test_diagnosis_of_one_snapshot_is_never_read_for_another",
+    ),
+    # preemption
+    Mutant(
         "room beyond the shortfall is worth nothing",
         PREEMPTION,
         "value = float(target) - now",
@@ -117,11 +157,119 @@ MUTANTS = [
         PREEMPT + "test_ties_go_to_fewer_victims",
     ),
     Mutant(
+        "the greedy's ties go to the lower priority",
+        PREEMPTION,
+        "-m.cost, gang.priority, gang.name)",
+        "-m.cost, -gang.priority, gang.name)",
+        PREEMPT + "test_equal_cost_goes_to_the_lower_priority_whatever_the_names",
+    ),
+    Mutant(
+        "partial credit leads evictions into one domain",
+        PREEMPTION,
+        "_PARTIAL_CREDIT = 0.5",
+        "_PARTIAL_CREDIT = 0.0",
+        PREEMPT + "test_partial_progress_concentrates_evictions_on_one_domain",
+    ),
+    Mutant(
         "the plan gives back what it can do without",
         PREEMPTION,
         "    def _prune(self, st: _State, levels: list[int], target: int) -> None:\n",
         "    def _prune(self, st: _State, levels: list[int], target: int) -> None:\n        return\n",
         PREEMPT + "test_gives_back_what_the_plan_can_do_without",
+    ),
+    Mutant(
+        "the improvement pass replaces expensive victims",
+        PREEMPTION,
+        "for v in order[: _IMPROVE_ATTEMPTS if everyone else _IMPROVE_ATTEMPTS_NEIGHBOURS]:",
+        "for v in order[:0]:",
+        OPTIMAL + "test_the_improvement_pass_brings_the_heuristic_to_the_minimum_almost_always",
+    ),
+    Mutant(
+        "the exact search: fewest victims among the fewest GPUs",
+        PREEMPTION,
+        "nvict + (level > 0)",
+        "0",
+        PREEMPT + "test_frees_one_whole_rack_rather_than_scattering",
+    ),
+    Mutant(
+        "the exact search: victims before priority",
+        PREEMPTION,
+        "return (self.gpus, self.victims, self.priority_gpus)",
+        "return (self.gpus, self.priority_gpus, self.victims)",
+        PREEMPT + "test_fewer_victims_before_lower_priority_among_the_cheapest_plans",
+    ),
+    Mutant(
+        "the exact search: lowest priority among equals",
+        PREEMPTION,
+        "prio + victim.gang.priority * cost",
+        "prio - victim.gang.priority * cost",
+        PREEMPT + "test_prefers_lowest_priority_victim",
+    ),
+    Mutant(
+        "elastic gangs shrink by whole replicas before being suspended",
+        PREEMPTION,
+        "self.shrinkable = shrinkable = min(max(n - gang.min_replicas, 0), n) if gang.min_replicas is not None else 0",
+        "self.shrinkable = shrinkable = 0",
+        PREEMPT + "test_elastic_job_shrinks_by_whole_replicas_before_anyone_is_suspended",
+    ),
+    # defragmentation
+    Mutant(
+        "defrag: fewest moves first",
+        DEFRAG,
+        "for k in range(1, min(len(gangs), self.max_moves) + 1):",
+        "for k in range(min(len(gangs), self.max_moves), 0, -1):",
+        DEFRAGS + "test_fewest_moves_before_fewest_gpus",
+    ),
+    Mutant(
+        "defrag: fewest GPUs among equally few moves",
+        DEFRAG,
+        "sets.sort(key=lambda t: (t[0], [(o.gang, o.level) for o in t[1]]))",
+        "sets.sort(key=lambda t: (-t[0], [(o.gang, o.level) for o in t[1]]))",
+        DEFRAGS + "test_fewest_gpus_among_equally_few_moves",
+    ),
+    Mutant(
+        "defrag: an elastic gang gives back only the replicas in the way",
+        DEFRAG,
+        "levels.add(level)",
+        "pass",
+        DEFRAGS + "test_elastic_gang_gives_back_only_the_replicas_in_the_way",
+    ),
+    Mutant(
+        "defrag: the greedy ranks racks by fewest moves",
+        DEFRAG,
+        "ranked.append(((len(clearing), sum(o.gpus for o in clearing)), sn, clearing))",
+        "ranked.append(((sum(o.gpus for o in clearing), len(clearing)), sn, clearing))",
+        DEFRAGS + "test_greedy_alone_clears_the_rack_with_fewest_moves",
+    ),
+    Mutant(
+        "defrag: the greedy gives back moves it can do without",
+        DEFRAG,
+        "for o in sorted(chosen, key=lambda o: -o.gpus):  # give back",
+        "for o in []:  # give back",
+        DEFRAGS + "test_greedy_gives_back_a_move_the_plan_can_do_without",
+    ),
+    Mutant(
+        "defrag: moved work must fit again",
+        DEFRAG,
+        "if not isinstance(again, PlacementPlan):\n                        return None",
+        "if not isinstance(again, PlacementPlan):\n                        pass",
+        DEFRAGS + "test_nothing_when_moved_work_cannot_fit_again",
+        safe=False,
+    ),
+    Mutant(
+        "defrag: never below an elastic gang's minimum replicas",
+        DEFRAG,
+        "for level in range(1, max(n - m.gang.min_replicas, 0) + 1):",
+        "for level in range(1, n + 1):",
+        DEFRAGS + "test_an_elastic_gang_is_never_shrunk_below_its_minimum",
+        safe=False,
+    ),
+    Mutant(
+        "stranded GPUs: free GPUs no pending size can use",
+        DEFRAG,
+        "total += stranded_gpus(free, sizes)",
+        "total += free",
+        DEFRAGS + "test_stranded_gpus_count_what_no_pending_size_can_use",
     ),
 ]
 
@@ -153,18 +301,26 @@ def test_removing_the_rule_turns_its_test_red(mutant: Mutant, pristine_copy: Pat
     source.write_text(text.replace(mutant.original, mutant.mutated))
     imported = subprocess.run(
         [sys.executable, "-c", "import tidal; print(tidal.__file__)"],
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         capture_output=True,
         text=True,
     )
     assert imported.stdout.startswith(str(tmp_path)), imported  # the copy, not the installed package
-    result = _run(tmp_path, mutant.pinned_by)
-    assert result.returncode == 1 and "1 failed" in result.stdout, (
-        f"{mutant.pinned_by} survives the removal of {mutant.rule!r}:\n{result.stdout[-2000:]}"
+    safety = SAFETY[mutant.module] if mutant.safe else ()
+    result = _run(tmp_path, mutant.pinned_by, *safety)
+    failed = [
+        line.split(" - ")[0].removeprefix("FAILED ")
+        for line in result.stdout.splitlines()
+        if line.startswith("FAILED ")
+    ]
+    assert failed == [mutant.pinned_by], (
+        f"removing {mutant.rule!r}: expected only {mutant.pinned_by} to fail, "
+        f"failed {failed} (a safety test failing means the mutant breaks plans):\n{result.stdout[-2000:]}"
     )
 
 
 def test_every_pinning_test_passes_on_the_unmutated_copy(pristine_copy: Path) -> None:
     # Otherwise a test red for an unrelated reason (a typo in its node id included) would count as pinning.
     result = _run(pristine_copy, *(m.pinned_by for m in MUTANTS))
-    assert result.returncode == 0, result.stdout[-2000:]
+    assert result.returncode == 0 and f"{len(MUTANTS)} passed" in result.stdout, result.stdout[-2000:]
