@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from tidal.placement.defrag import DefragPlan, MovableGang, plan_defrag, strande
 from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
 
 from .strategies import snapshots
+from .test_placement_properties import check_plan
 
 
 def put(
@@ -56,16 +58,31 @@ def rack(i: int) -> str:
 
 
 def check(snap: ClusterSnapshot, request: GangRequest, running: list[MovableGang], plan: DefragPlan) -> None:
-    """Replaying the plan on a copy: evictions release, the request fits where planned, then every
-    moved gang fits where planned; nothing over-booked; every group inside one supernode."""
+    """Replaying the plan on a copy: each move evicts a preemptible gang of priority <= the
+    request's, whole or its top replicas (never below its minimum); the request fits where
+    planned; then every group a move evicted is placed again, each inside one supernode; nothing
+    over-booked."""
     scratch = snap.copy()
     by_name = {m.gang.name: m for m in running}
     for move in plan.moves:
         m = by_name[move.eviction.gang]
-        assert m.gang.preemptible and m.gang.priority <= request.priority
+        gang = m.gang
+        assert gang.preemptible and gang.priority <= request.priority
+        n, k = len(gang.replicas), len(move.eviction.replicas)
+        assert move.eviction.replicas == tuple(range(n - k, n)), "the top replicas, or all of them"
+        assert move.eviction.whole == (k == n)
+        if not move.eviction.whole:
+            assert gang.min_replicas is not None, "only an elastic gang is shrunk"
+            assert n - k >= gang.min_replicas, "never below its minimum DP replicas"
+        per = m.request.groups // n
+        assert sorted(g.group for g in move.replacement.groups) == list(range((n - k) * per, n * per)), (
+            "every group it evicted is placed again"
+        )
+        assert all(len(g.nodes) == m.request.pods_per_group for g in move.replacement.groups)
         for r in move.eviction.replicas:
-            for node, gpus in m.gang.replicas[r]:
+            for node, gpus in gang.replicas[r]:
                 scratch.release(node, gpus)
+    check_plan(scratch, request, plan.placement)
     apply_plan(scratch, plan.placement)
     for move in plan.moves:
         apply_plan(scratch, move.replacement)
@@ -250,8 +267,10 @@ def test_greedy_alone_clears_the_rack_with_fewest_moves(monkeypatch):
         put(snap, "t2", 1, 4, on=rack(1)),
     ]
     running.append(put(snap, "pinned", 1, 8, on=rack(2), preemptible=False))
-    plan = plan_defrag(snap, GangRequest("big", 1, 72, 4), running, None)
+    request = GangRequest("big", 1, 72, 4)
+    plan = plan_defrag(snap, request, running, None)
     assert plan is not None and [m.eviction.gang for m in plan.moves] == ["one"]
+    check(snap, request, running, plan)
 
 
 def test_an_elastic_gang_is_never_shrunk_below_its_minimum():
@@ -353,3 +372,75 @@ def test_defrag_invariants(case):
     if budget is not None:
         assert plan.moved_gpus <= budget
     check(snap, request, running, plan)
+
+
+def fragmented(rng: random.Random) -> tuple[ClusterSnapshot, list[MovableGang], GangRequest, int | None]:
+    """3-6 NVL72 racks, 30-75% held by small gangs (some pinned, most elastic ones with their
+    replicas wherever room was, as elastic growth leaves them), and a request for 36-72-GPU groups:
+    the clusters defragmentation exists for."""
+    n_racks = rng.randint(3, 6)
+    snap = racks(n_racks)
+    running = []
+    fill = rng.uniform(0.3, 0.75) * 72 * n_racks
+    for i in range(40):
+        if sum(n.allocated for n in snap.nodes.values()) >= fill:
+            break
+        replicas, per_replica = rng.choice([1, 1, 2, 3, 4]), rng.choice([1, 1, 2])
+        group_gpus = rng.choice([4, 8, 8, 16])
+        name, priority = f"g{i:02d}", rng.randint(0, 4)
+        allocations = []
+        for r in range(replicas):
+            on = rack(rng.randrange(n_racks))
+            plan = plan_gang(snap, GangRequest(f"{name}-{r}", per_replica, group_gpus, 4, prefer_supernodes=(on,)))
+            if not isinstance(plan, PlacementPlan):
+                break
+            apply_plan(snap, plan)
+            per_node: Counter[str] = Counter()
+            for g in plan.groups:
+                for node in g.nodes:
+                    per_node[node] += 4
+            allocations.append(tuple(sorted(per_node.items())))
+        if not allocations:
+            continue
+        n = len(allocations)
+        min_replicas = rng.randint(1, n) if n > 1 and rng.random() < 0.7 else None
+        gang = RunningGang(name, priority, rng.random() < 0.85, tuple(allocations), min_replicas)
+        running.append(MovableGang(gang, GangRequest(name, n * per_replica, group_gpus, 4, priority=priority)))
+    request = GangRequest("req", rng.choice([1, 1, 2]), rng.choice([36, 48, 72]), 4, priority=rng.randint(2, 5))
+    return snap, running, request, rng.choice([None, None, rng.randint(8, 120)])
+
+
+def defrag_on_fragmented(seed: int, count: int = 300) -> tuple[int, int, int]:
+    """Plan defragmentation on `count` seeded fragmented clusters, checking every plan's invariants.
+    Returns how many were blocked, how many got a plan, and how many moves were shrinks."""
+    rng = random.Random(seed)
+    blocked = planned = shrinks = 0
+    for _ in range(count):
+        snap, running, request, budget = fragmented(rng)
+        if isinstance(plan_gang(snap, request), PlacementPlan):
+            continue
+        blocked += 1
+        before = {n: s.allocated for n, s in snap.nodes.items()}
+        plan = plan_defrag(snap, request, running, budget)
+        assert {n: s.allocated for n, s in snap.nodes.items()} == before, "the snapshot is untouched"
+        if plan is None:
+            continue
+        planned += 1
+        shrinks += sum(not m.eviction.whole for m in plan.moves)
+        assert len({m.eviction.gang for m in plan.moves}) == len(plan.moves)
+        assert budget is None or plan.moved_gpus <= budget
+        check(snap, request, running, plan)
+    return blocked, planned, shrinks
+
+
+def test_defrag_on_fragmented_racks_keeps_every_invariant():
+    defrag_on_fragmented(seed=7)
+
+
+def test_fragmented_racks_give_the_invariants_plans_and_shrinks_to_check():
+    # The hypothesis test above draws general clusters, where a defragmentation plan is rare;
+    # these are built fragmented, so plans and shrinks of elastic gangs are common (147 blocked,
+    # 73 planned, 21 shrinks on seed 7), and this test says so rather than let the invariant test
+    # pass on nothing.
+    blocked, planned, shrinks = defrag_on_fragmented(seed=7)
+    assert planned >= blocked // 3 and shrinks >= 15, (blocked, planned, shrinks)
