@@ -111,16 +111,16 @@ def test_the_fullest_blocks_are_the_ones_scored_when_many_fit():
 
 
 def test_the_largest_blocks_go_first_when_no_block_suffices():
-    # Empty racks per block: 10, 10, 3, 3. A 20-rack gang fits in the two large blocks; smallest
-    # blocks first would spread it over all four.
+    # Empty racks per block: 3, 10, 3, 10. A 20-rack gang fits in the two large blocks; smallest
+    # blocks first would spread it over all four, name order over three.
     snap = snapshot_from_fleet(build_fleet("nvl72", 64))
     for s in range(64):
         block, rack = divmod(s, 16)
-        if rack >= (10 if block < 2 else 3):
+        if rack >= (10 if block % 2 else 3):
             use(snap, f"nvl72-{s:04d}", 18)
     plan = plan_gang(snap, GangRequest("big", groups=20, group_gpus=72, gpus_per_pod=4))
     assert isinstance(plan, PlacementPlan)
-    assert {snap.supernodes[s].block for s in plan.supernodes} == {"nvl72-block-000", "nvl72-block-001"}
+    assert {snap.supernodes[s].block for s in plan.supernodes} == {"nvl72-block-001", "nvl72-block-003"}
 
 
 def test_a_single_group_competes_in_every_block_however_many_there_are():

@@ -1,9 +1,11 @@
 from collections import Counter
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tidal.placement.preemption as preemption
 from tidal.placement import (
     GangRequest,
     PlacementPlan,
@@ -263,9 +265,13 @@ def test_ties_go_to_fewer_victims():
     assert [e.gang for e in plan.evictions] == ["pair"]
 
 
-def test_fewer_victims_before_lower_priority_among_the_cheapest_plans():
+@pytest.mark.parametrize("exact", [True, False], ids=["exact search", "heuristic alone"])
+def test_fewer_victims_before_lower_priority_among_the_cheapest_plans(exact: bool, monkeypatch: pytest.MonkeyPatch):
     # Two servers are missing. "pair" (priority 3) frees both; "a" and "b" (priority 0) one each:
-    # 16 GPUs either way. Minimum GPUs, then fewest victims, then lowest priority: "pair".
+    # 16 GPUs either way. Minimum GPUs, then fewest victims, then lowest priority: "pair". Without
+    # the exact search (as above 40 candidates) the improvement pass must not trade "pair" for two.
+    if not exact:
+        monkeypatch.setattr(preemption, "_EXACT_MAX_GANGS", -1)
     snap = servers(4)
     pair = holding(snap, "pair", [(0, 8), (1, 8)], priority=3)
     a = holding(snap, "a", [(2, 8)], priority=0)

@@ -69,16 +69,34 @@ def test_heuristic_alone_stays_close_to_the_minimum(monkeypatch: pytest.MonkeyPa
     assert max(ratios) <= 1.5
 
 
-def test_the_improvement_pass_brings_the_heuristic_to_the_minimum_almost_always(monkeypatch: pytest.MonkeyPatch):
-    # Pooled over seeds 1-5 (1,000 instances) the heuristic is at the minimum in 99.6% (worst 1.5x);
-    # without its improvement pass (_IMPROVE_ATTEMPTS* = 0) in 95.0% (worst 3.5x), which the
-    # single-seed test above, at the issue's 95% target, lets through.
+def pooled_heuristic(monkeypatch: pytest.MonkeyPatch, everyone: bool) -> list[float]:
+    """Evicted / minimum of the heuristic alone over seeds 1-5 (1,000 instances), its improvement
+    pass drawing replacements from every candidate or, as on large clusters, from neighbours."""
     monkeypatch.setattr(preemption, "_EXACT_MAX_GANGS", -1)
+    if not everyone:
+        monkeypatch.setattr(preemption, "_IMPROVE_EVERYONE_GANGS", -1)
     ratios: list[float] = []
     for seed in range(1, 6):
         seed_ratios, missed, _ = compare(200, seed=seed)
         assert missed == 0
         ratios += seed_ratios
+    return ratios
+
+
+def test_the_improvement_pass_brings_the_heuristic_to_the_minimum_almost_always(monkeypatch: pytest.MonkeyPatch):
+    # Seeded, so exact figures: at the minimum in 99.6% (worst 1.5x); without the improvement pass
+    # (_IMPROVE_ATTEMPTS* = 0) in 95.0% (worst 3.5x), which the single-seed test above, at the
+    # issue's 95% target, lets through.
+    ratios = pooled_heuristic(monkeypatch, everyone=True)
     at_minimum = sum(r == 1.0 for r in ratios) / len(ratios)
     assert at_minimum >= 0.98, f"at the minimum in {at_minimum:.1%}"
     assert max(ratios) <= 1.5
+
+
+def test_the_improvement_pass_from_neighbours_alone_still_lifts_the_heuristic(monkeypatch: pytest.MonkeyPatch):
+    # The path above 100 candidates: 98.1% at the minimum (worst 1.6x); with no attempts from
+    # neighbours (_IMPROVE_ATTEMPTS_NEIGHBOURS = 0) 95.0% (worst 3.5x).
+    ratios = pooled_heuristic(monkeypatch, everyone=False)
+    at_minimum = sum(r == 1.0 for r in ratios) / len(ratios)
+    assert at_minimum >= 0.97, f"at the minimum in {at_minimum:.1%}"
+    assert max(ratios) <= 2.0
