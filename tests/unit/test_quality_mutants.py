@@ -5,16 +5,18 @@ A test that survives the removal of the rule it names pins nothing (the brief: s
 worst-fit, drop the cap, watch the test go red). Each mutant below edits one line of a copy of
 `operator/tidal`, then runs the test that pins the rule against that copy (PYTHONPATH first, so the
 installed package is not the one imported), together with the module's safety property tests,
-which must still pass: the mutant must make worse plans, not broken ones. When the code a mutant
-edits changes, this test says so and the mutant must be rewritten, not dropped.
+which must still pass: the mutant must make worse plans, not broken ones (a mutant marked
+`safe=False` removes a safety rule, and they must fail too). When the code a mutant edits changes,
+this test says so and the mutant must be rewritten, not dropped.
 
 Known survivors, not listed: the preemption greedy's last tie-break (the larger of two moves with
-equal room per GPU and finished groups; see the README's placement benchmarks), the prune order,
-and defragmentation's move cap.
+equal room per GPU and finished groups; see the README's placement benchmarks), the order in which
+preemption and defragmentation prune, and defragmentation's cap on moves.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,7 +38,7 @@ DEFRAGS = "tests/unit/test_defrag.py::"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (PREEMPT + "test_preemption_invariants",),
-    DEFRAG: (DEFRAGS + "test_defrag_invariants",),
+    DEFRAG: (DEFRAGS + "test_defrag_invariants", DEFRAGS + "test_defrag_on_fragmented_racks_keeps_every_invariant"),
 }
 """The module's property tests of the safety invariants: a mutant must still pass them, so that it
 makes plans that are valid but worse (the rule removed), not plans that are broken."""
@@ -52,7 +54,9 @@ class Mutant:
     pinned_by: str
     """The pytest node id that must fail."""
     safe: bool = True
-    """False for a mutant that removes a safety rule: its property tests may fail too."""
+    """False for a mutant that removes a safety rule: its property tests must then fail too."""
+    more: tuple[tuple[str, str], ...] = ()
+    """Further (original, mutated) edits of the same module, when the rule is written in several places."""
 
 
 MUTANTS = [
@@ -63,6 +67,13 @@ MUTANTS = [
         "key = (round(lost, 6), block_capacity[b], b)",
         "key = (round(lost, 6), b)",
         QUALITY + "test_the_fuller_block_wins_when_the_leftover_score_ties",
+    ),
+    Mutant(
+        "the leftover score before best-fit block",
+        GANG,
+        "key = (round(lost, 6), block_capacity[b], b)",
+        "key = (block_capacity[b], round(lost, 6), b)",
+        QUALITY + "test_the_block_whose_leftover_loses_least_wins_over_the_fullest_block",
     ),
     Mutant(
         "the fullest blocks are the ones scored",
@@ -91,6 +102,13 @@ MUTANTS = [
         "members.sort()  # fullest first; others' spares last",
         "members.sort(key=lambda m: (m[0], -m[1], m[2]))  # fullest first; others' spares last",
         PLACEMENT + "test_fullest_nodes_are_used_first_inside_a_supernode",
+    ),
+    Mutant(
+        "other racks' spares last inside their rack",
+        GANG,
+        "members.append((not n.spare if spares_first else n.spare, free, n.name))",
+        "members.append((not n.spare if spares_first else not n.spare, free, n.name))",
+        QUALITY + "test_recovery_order_own_spares_then_other_racks_free_nodes_then_their_spares",
     ),
     Mutant(
         "leftover score, not the tightest supernode",
@@ -194,9 +212,30 @@ MUTANTS = [
     Mutant(
         "the exact search: victims before priority",
         PREEMPTION,
-        "return (self.gpus, self.victims, self.priority_gpus)",
-        "return (self.gpus, self.priority_gpus, self.victims)",
-        PREEMPT + "test_fewer_victims_before_lower_priority_among_the_cheapest_plans",
+        "if (gpus, nvict, prio) < best_obj:",
+        "if (gpus, prio, nvict) < (best_obj[0], best_obj[2], best_obj[1]):",
+        PREEMPT + "test_fewer_victims_before_lower_priority_among_the_cheapest_plans[exact search]",
+        more=(
+            ("if (gpus + suffix_min[k], nvict + 1) > best_obj[:2]:", "if gpus + suffix_min[k] > best_obj[0]:"),
+            (
+                "if level == lim or (gpus + victim.cost[level + 1], nvict + 1) > best_obj[:2]:",
+                "if level == lim or gpus + victim.cost[level + 1] > best_obj[0]:",
+            ),
+        ),
+    ),
+    Mutant(
+        "the improvement pass: victims before priority",
+        PREEMPTION,
+        "if objective < best:",
+        "if (objective[0], objective[2], objective[1]) < (best[0], best[2], best[1]):",
+        PREEMPT + "test_fewer_victims_before_lower_priority_among_the_cheapest_plans[heuristic alone]",
+    ),
+    Mutant(
+        "the improvement pass from neighbours, as on large clusters",
+        PREEMPTION,
+        "_IMPROVE_ATTEMPTS_NEIGHBOURS = 8",
+        "_IMPROVE_ATTEMPTS_NEIGHBOURS = 0",
+        OPTIMAL + "test_the_improvement_pass_from_neighbours_alone_still_lifts_the_heuristic",
     ),
     Mutant(
         "the exact search: lowest priority among equals",
@@ -252,7 +291,8 @@ MUTANTS = [
         "defrag: moved work must fit again",
         DEFRAG,
         "if not isinstance(again, PlacementPlan):\n                        return None",
-        "if not isinstance(again, PlacementPlan):\n                        pass",
+        "if not isinstance(again, PlacementPlan):\n"
+        "                        again = PlacementPlan(self._replacement(o), ())  # as if placed, with no nodes",
         DEFRAGS + "test_nothing_when_moved_work_cannot_fit_again",
         safe=False,
     ),
@@ -281,15 +321,26 @@ def pristine_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _run(source_root: Path, *node_ids: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *node_ids],
+def _run(source_root: Path, *node_ids: str) -> dict[str, str]:
+    """Outcome per test node id of a pytest run importing `tidal` from source_root (see tests/mutant_report.py)."""
+    report = source_root / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.mutant_report", *node_ids],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(source_root)},
+        env={**os.environ, "PYTHONPATH": str(source_root), "TIDAL_MUTANT_REPORT": str(report)},
         capture_output=True,
         text=True,
         timeout=300,
     )
+    assert report.exists(), result.stdout[-2000:] + result.stderr[-2000:]
+    recorded = json.loads(report.read_text())
+    assert recorded["tidal"].startswith(str(source_root)), f"imported {recorded['tidal']}, not the copy"
+    assert not recorded["collection_errors"], result.stdout[-2000:]
+    return recorded["outcomes"]
+
+
+def _under(node_id: str, specs: tuple[str, ...]) -> bool:
+    return any(node_id == s or node_id.startswith(s + "::") for s in specs)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.rule for m in MUTANTS])
@@ -297,30 +348,30 @@ def test_removing_the_rule_turns_its_test_red(mutant: Mutant, pristine_copy: Pat
     shutil.copytree(pristine_copy / "tidal", tmp_path / "tidal")
     source = tmp_path / "tidal" / mutant.module
     text = source.read_text()
-    assert text.count(mutant.original) == 1, f"{mutant.module} changed: rewrite the mutant for {mutant.rule!r}"
-    source.write_text(text.replace(mutant.original, mutant.mutated))
-    imported = subprocess.run(
-        [sys.executable, "-c", "import tidal; print(tidal.__file__)"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-        capture_output=True,
-        text=True,
+    for original, mutated in ((mutant.original, mutant.mutated), *mutant.more):
+        assert text.count(original) == 1, f"{mutant.module} changed: rewrite the mutant for {mutant.rule!r}"
+        text = text.replace(original, mutated)
+    source.write_text(text)
+    safety = SAFETY[mutant.module]
+    outcomes = _run(tmp_path, mutant.pinned_by, *safety)
+    assert outcomes.get(mutant.pinned_by) == "assertion", (
+        f"{mutant.pinned_by} survives the removal of {mutant.rule!r} (or fails otherwise): {outcomes}"
     )
-    assert imported.stdout.startswith(str(tmp_path)), imported  # the copy, not the installed package
-    safety = SAFETY[mutant.module] if mutant.safe else ()
-    result = _run(tmp_path, mutant.pinned_by, *safety)
-    failed = [
-        line.split(" - ")[0].removeprefix("FAILED ")
-        for line in result.stdout.splitlines()
-        if line.startswith("FAILED ")
-    ]
-    assert failed == [mutant.pinned_by], (
-        f"removing {mutant.rule!r}: expected only {mutant.pinned_by} to fail, "
-        f"failed {failed} (a safety test failing means the mutant breaks plans):\n{result.stdout[-2000:]}"
-    )
+    safety_outcomes = {n: o for n, o in outcomes.items() if _under(n, safety)}
+    assert safety_outcomes, f"no safety test ran: {outcomes}"
+    if mutant.safe:
+        assert set(safety_outcomes.values()) == {"passed"}, f"the mutant breaks plans, not the rule: {outcomes}"
+    else:
+        assert "assertion" in safety_outcomes.values(), f"the safety tests miss a safety rule removed: {outcomes}"
+    others = {n: o for n, o in outcomes.items() if n != mutant.pinned_by and n not in safety_outcomes}
+    assert not others, others
 
 
-def test_every_pinning_test_passes_on_the_unmutated_copy(pristine_copy: Path) -> None:
+def test_every_pinning_and_safety_test_passes_on_the_unmutated_copy(pristine_copy: Path) -> None:
     # Otherwise a test red for an unrelated reason (a typo in its node id included) would count as pinning.
-    result = _run(pristine_copy, *(m.pinned_by for m in MUTANTS))
-    assert result.returncode == 0 and f"{len(MUTANTS)} passed" in result.stdout, result.stdout[-2000:]
+    pinned = {m.pinned_by for m in MUTANTS}
+    safety = tuple(dict.fromkeys(s for specs in SAFETY.values() for s in specs))
+    outcomes = _run(pristine_copy, *sorted(pinned), *safety)
+    assert pinned <= outcomes.keys(), pinned - outcomes.keys()
+    assert all(_under(n, safety) for n in outcomes.keys() - pinned)
+    assert set(outcomes.values()) == {"passed"}, outcomes
