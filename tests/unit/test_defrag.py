@@ -201,20 +201,24 @@ def test_two_groups_need_two_racks_freed():
     check(snap, request, running, plan)
 
 
-def test_elastic_gang_gives_back_only_the_replicas_in_the_way():
+def elastic_over_two_racks(min_replicas: int) -> tuple[ClusterSnapshot, list[MovableGang]]:
+    """One elastic gang "el" of 4 replicas of one 8-GPU group: replicas 0-1 on rack 1, the top two
+    (2-3) on rack 0; rack 2 held by pinned work."""
     snap = racks(3)
-    # 4 replicas of one 8-GPU group: the top two on rack 0, the bottom two on rack 1.
     low = put(snap, "low", 2, 8, on=rack(1))
     top = put(snap, "top", 2, 8, on=rack(0))
-    # One elastic gang "el" of 4 replicas (one group each): replicas 0-1 on rack 1, 2-3 on rack 0.
     replicas = tuple(
         tuple(sorted(Counter({n: 4 for n in nodes}).items()))
         for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
     )
-    elastic = MovableGang(RunningGang("el", 0, True, replicas, min_replicas=2), GangRequest("el", 4, 8, 4))
-    pinned = put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)
+    elastic = MovableGang(RunningGang("el", 0, True, replicas, min_replicas), GangRequest("el", 4, 8, 4))
+    return snap, [elastic, put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)]
+
+
+def test_elastic_gang_gives_back_only_the_replicas_in_the_way():
+    snap, running = elastic_over_two_racks(min_replicas=2)
     request = GangRequest("big", 1, 72, 4)
-    plan = plan_defrag(snap, request, [elastic, pinned], None)
+    plan = plan_defrag(snap, request, running, None)
     assert plan is not None and len(plan.moves) == 1
     move = plan.moves[0]
     assert not move.eviction.whole and move.eviction.replicas == (2, 3) and move.eviction.gpus == 16
@@ -274,21 +278,13 @@ def test_greedy_alone_clears_the_rack_with_fewest_moves(monkeypatch):
 
 
 def test_an_elastic_gang_is_never_shrunk_below_its_minimum():
-    # test_elastic_gang_gives_back_only_the_replicas_in_the_way's layout with minDP 3 of 4: giving
-    # back the two replicas on rack 0 would leave 2, so "el" moves whole.
-    snap = racks(3)
-    low = put(snap, "low", 2, 8, on=rack(1))
-    top = put(snap, "top", 2, 8, on=rack(0))
-    replicas = tuple(
-        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
-        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
-    )
-    elastic = MovableGang(RunningGang("el", 0, True, replicas, min_replicas=3), GangRequest("el", 4, 8, 4))
-    pinned = put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)
+    # The layout above with minDP 3 of 4: giving back the two replicas on rack 0 would leave 2, so
+    # "el" moves whole.
+    snap, running = elastic_over_two_racks(min_replicas=3)
     request = GangRequest("big", 1, 72, 4)
-    plan = plan_defrag(snap, request, [elastic, pinned], None)
+    plan = plan_defrag(snap, request, running, None)
     assert plan is not None and [(m.eviction.gang, m.eviction.whole) for m in plan.moves] == [("el", True)]
-    check(snap, request, [elastic, pinned], plan)
+    check(snap, request, running, plan)
 
 
 def test_stranded_gpus_count_what_no_pending_size_can_use():
