@@ -2,7 +2,7 @@
 turns its test red.
 
 A test that survives the removal of the rule it names pins nothing (the brief: swap best-fit for
-worst-fit, drop the cap, watch the test go red). Each mutant below edits one line of a copy of
+worst-fit, drop the cap, watch the test go red). Each mutant below edits one to three lines of a copy of
 `operator/tidal`, then runs the test that pins the rule against that copy (PYTHONPATH first, so the
 installed package is not the one imported), together with the module's safety property tests,
 which must still pass: the mutant must make worse plans, not broken ones (a mutant marked
@@ -333,20 +333,29 @@ def _run(source_root: Path, *node_ids: str) -> dict[str, str]:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.mutant_report", *node_ids],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(source_root), "TIDAL_MUTANT_REPORT": str(report)},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+            "PYTHONPATH": str(source_root),
+            "PYTHONHASHSEED": "0",
+            "TIDAL_MUTANT_REPORT": str(report),
+        },
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert report.exists(), result.stdout[-2000:] + result.stderr[-2000:]
     recorded = json.loads(report.read_text())
-    assert recorded["tidal"].startswith(str(source_root)), f"imported {recorded['tidal']}, not the copy"
+    imported = recorded["tidal"]
+    assert imported and Path(imported).is_relative_to(source_root), f"imported {imported}, not the copy"
     assert not recorded["collection_errors"], result.stdout[-2000:]
+    assert recorded["exit_status"] in (0, 1), (
+        f"pytest exit status {recorded['exit_status']}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+    )
     return recorded["outcomes"]
 
 
 def _under(node_id: str, specs: tuple[str, ...]) -> bool:
-    return any(node_id == s or node_id.startswith(s + "::") for s in specs)
+    return any(node_id == s or node_id.startswith((s + "::", s + "[")) for s in specs)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.rule for m in MUTANTS])
@@ -364,7 +373,8 @@ def test_removing_the_rule_turns_its_test_red(mutant: Mutant, pristine_copy: Pat
         f"{mutant.pinned_by} survives the removal of {mutant.rule!r} (or fails otherwise): {outcomes}"
     )
     safety_outcomes = {n: o for n, o in outcomes.items() if _under(n, safety)}
-    assert safety_outcomes, f"no safety test ran: {outcomes}"
+    for spec in safety:
+        assert any(_under(n, (spec,)) for n in safety_outcomes), f"safety test {spec} did not run: {outcomes}"
     if mutant.safe:
         assert set(safety_outcomes.values()) == {"passed"}, f"the mutant breaks plans, not the rule: {outcomes}"
     else:
@@ -379,5 +389,7 @@ def test_every_pinning_and_safety_test_passes_on_the_unmutated_copy(pristine_cop
     safety = tuple(dict.fromkeys(s for specs in SAFETY.values() for s in specs))
     outcomes = _run(pristine_copy, *sorted(pinned), *safety)
     assert pinned <= outcomes.keys(), pinned - outcomes.keys()
+    for spec in safety:
+        assert any(_under(n, (spec,)) for n in outcomes), f"safety test {spec} did not run"
     assert all(_under(n, safety) for n in outcomes.keys() - pinned)
     assert set(outcomes.values()) == {"passed"}, outcomes
