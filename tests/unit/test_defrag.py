@@ -14,7 +14,7 @@ from tidal.placement.defrag import DefragPlan, MovableGang, plan_defrag, strande
 from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
 
 from .strategies import snapshots
-from .test_placement_properties import check_plan
+from .test_placement_properties import check_plan, held
 
 
 def put(
@@ -39,14 +39,8 @@ def put(
         assert plan.supernodes == {on}, plan.supernodes
     apply_plan(snap, plan)
     per_replica = groups // replicas
-    allocations = []
-    for r in range(replicas):
-        per_node: Counter[str] = Counter()
-        for g in plan.groups[r * per_replica : (r + 1) * per_replica]:
-            for node in g.nodes:
-                per_node[node] += gpp
-        allocations.append(tuple(sorted(per_node.items())))
-    return MovableGang(RunningGang(name, priority, preemptible, tuple(allocations), min_replicas), request)
+    allocations = tuple(held(plan.groups[r * per_replica : (r + 1) * per_replica], gpp) for r in range(replicas))
+    return MovableGang(RunningGang(name, priority, preemptible, allocations, min_replicas), request)
 
 
 def racks(n: int) -> ClusterSnapshot:
@@ -67,7 +61,8 @@ def check(snap: ClusterSnapshot, request: GangRequest, running: list[MovableGang
     for move in plan.moves:
         m = by_name[move.eviction.gang]
         gang = m.gang
-        assert gang.preemptible and gang.priority <= request.priority
+        assert gang.preemptible, "never a non-preemptible gang"
+        assert gang.priority <= request.priority, "never a higher-priority gang"
         n, k = len(gang.replicas), len(move.eviction.replicas)
         assert move.eviction.replicas == tuple(range(n - k, n)), "the top replicas, or all of them"
         assert move.eviction.whole == (k == n)
@@ -314,13 +309,7 @@ def loaded(draw):
         if not isinstance(plan, PlacementPlan):
             continue
         apply_plan(snap, plan)
-        per_node: Counter[str] = Counter()
-        replicas = []
-        for g in plan.groups:
-            per_node = Counter()
-            for node in g.nodes:
-                per_node[node] += gpp
-            replicas.append(tuple(sorted(per_node.items())))
+        replicas = [held([g], gpp) for g in plan.groups]
         elastic = draw(st.booleans())
         gang = RunningGang(
             f"g{i}",
@@ -348,26 +337,26 @@ def loaded(draw):
 @given(loaded())
 def test_defrag_invariants(case):
     snap, running, request, budget = case
+    plan_checked(snap, request, running, budget)
+
+
+def plan_checked(
+    snap: ClusterSnapshot, request: GangRequest, running: list[MovableGang], budget: int | None
+) -> DefragPlan | None:
+    """plan_defrag, its plan checked: the snapshot untouched; a plan only when the request does not
+    fit as is, moving something, each gang once, within the budget; and all of check()."""
     before = {n: s.allocated for n, s in snap.nodes.items()}
     plan = plan_defrag(snap, request, running, budget)
     assert {n: s.allocated for n, s in snap.nodes.items()} == before, "the snapshot is untouched"
     if plan is None:
-        return
+        return None
     assert not isinstance(plan_gang(snap, request), PlacementPlan), "only when it does not fit as is"
     assert plan.moves, "a plan always moves something (otherwise the request fitted)"
-    by_name = {m.gang.name: m.gang for m in running}
-    for move in plan.moves:
-        gang = by_name[move.eviction.gang]
-        assert gang.preemptible, "never a non-preemptible gang"
-        assert gang.priority <= request.priority, "never a higher-priority gang"
-        if not move.eviction.whole:
-            assert gang.min_replicas is not None, "only an elastic gang is shrunk"
-            kept = len(gang.replicas) - len(move.eviction.replicas)
-            assert kept >= gang.min_replicas, "never below its minimum DP replicas"
     assert len({m.eviction.gang for m in plan.moves}) == len(plan.moves)
     if budget is not None:
         assert plan.moved_gpus <= budget
     check(snap, request, running, plan)
+    return plan
 
 
 def fragmented(rng: random.Random) -> tuple[ClusterSnapshot, list[MovableGang], GangRequest, int | None]:
@@ -391,11 +380,7 @@ def fragmented(rng: random.Random) -> tuple[ClusterSnapshot, list[MovableGang], 
             if not isinstance(plan, PlacementPlan):
                 break
             apply_plan(snap, plan)
-            per_node: Counter[str] = Counter()
-            for g in plan.groups:
-                for node in g.nodes:
-                    per_node[node] += 4
-            allocations.append(tuple(sorted(per_node.items())))
+            allocations.append(held(plan.groups, 4))
         if not allocations:
             continue
         n = len(allocations)
@@ -416,16 +401,10 @@ def defrag_on_fragmented(seed: int, count: int = 300) -> tuple[int, int, int]:
         if isinstance(plan_gang(snap, request), PlacementPlan):
             continue
         blocked += 1
-        before = {n: s.allocated for n, s in snap.nodes.items()}
-        plan = plan_defrag(snap, request, running, budget)
-        assert {n: s.allocated for n, s in snap.nodes.items()} == before, "the snapshot is untouched"
-        if plan is None:
-            continue
-        planned += 1
-        shrinks += sum(not m.eviction.whole for m in plan.moves)
-        assert len({m.eviction.gang for m in plan.moves}) == len(plan.moves)
-        assert budget is None or plan.moved_gpus <= budget
-        check(snap, request, running, plan)
+        plan = plan_checked(snap, request, running, budget)
+        if plan is not None:
+            planned += 1
+            shrinks += sum(not m.eviction.whole for m in plan.moves)
     return blocked, planned, shrinks
 
 

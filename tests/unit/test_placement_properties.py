@@ -1,11 +1,12 @@
 """Invariants of gang placement on random mixed fleets, checked against brute-force counting."""
 
 from collections import Counter
+from collections.abc import Iterable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal.placement import GangRequest, PlacementPlan, Unplaceable, apply_plan, plan_gang
+from tidal.placement import GangRequest, GroupAssignment, PlacementPlan, Unplaceable, apply_plan, plan_gang
 from tidal.topology import ClusterSnapshot
 
 from .strategies import requests, snapshots
@@ -28,6 +29,16 @@ def brute_force_groups(snap: ClusterSnapshot, req: GangRequest, *, empty: bool =
                 pods += (node.gpus - node.allocated) // req.gpus_per_pod
         total += pods // req.pods_per_group
     return total
+
+
+def held(groups: Iterable[GroupAssignment], gpus_per_pod: int) -> tuple[tuple[str, int], ...]:
+    """(node, GPUs) the groups' pods hold, summed per node: a running gang's allocation as the
+    preemption and defragmentation planners take it."""
+    per_node: Counter[str] = Counter()
+    for g in groups:
+        for node in g.nodes:
+            per_node[node] += gpus_per_pod
+    return tuple(sorted(per_node.items()))
 
 
 def check_plan(snap: ClusterSnapshot, req: GangRequest, plan: PlacementPlan) -> None:

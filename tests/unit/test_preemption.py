@@ -1,5 +1,4 @@
 import random
-from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -22,7 +21,7 @@ from tidal.placement.preemption import EvictionSearch, ReleasedView, _State, wit
 from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
 
 from .strategies import requests, snapshots
-from .test_placement_properties import check_plan
+from .test_placement_properties import check_plan, held
 
 
 def run(
@@ -41,14 +40,8 @@ def run(
     assert isinstance(plan, PlacementPlan)
     apply_plan(snap, plan)
     per_replica = groups // replicas
-    allocations = []
-    for r in range(replicas):
-        per_node: Counter[str] = Counter()
-        for g in plan.groups[r * per_replica : (r + 1) * per_replica]:
-            for node in g.nodes:
-                per_node[node] += gpp
-        allocations.append(tuple(sorted(per_node.items())))
-    return RunningGang(name, priority, preemptible, tuple(allocations), min_replicas)
+    allocations = tuple(held(plan.groups[r * per_replica : (r + 1) * per_replica], gpp) for r in range(replicas))
+    return RunningGang(name, priority, preemptible, allocations, min_replicas)
 
 
 def evict(snap: ClusterSnapshot, running: list[RunningGang], plan: PreemptionPlan) -> None:
@@ -162,10 +155,17 @@ def test_preemption_invariants(data):
         gpp,
         priority=data.draw(st.integers(0, 6)),
     )
+    plan_checked(snap, req, running)
+
+
+def plan_checked(snap: ClusterSnapshot, req: GangRequest, running: list[RunningGang]) -> PreemptionPlan | Unplaceable:
+    """plan_preemption, its result checked: planning leaves the snapshot as it was, and all of
+    check_preemption."""
     before = {n: (v.allocated, v.free) for n, v in snap.nodes.items()}
     result = plan_preemption(snap, req, running)
     assert {n: (v.allocated, v.free) for n, v in snap.nodes.items()} == before, "planning must not mutate"
     check_preemption(snap, req, running, result)
+    return result
 
 
 def check_preemption(
@@ -219,10 +219,7 @@ def preempt_on_seeded(seed: int, count: int = 600) -> tuple[int, int, int]:
         if not isinstance(plan_gang(snap, req), Unplaceable):
             continue
         checked += 1
-        before = {n: (v.allocated, v.free) for n, v in snap.nodes.items()}
-        result = plan_preemption(snap, req, running)
-        assert {n: (v.allocated, v.free) for n, v in snap.nodes.items()} == before, "planning must not mutate"
-        check_preemption(snap, req, running, result)
+        result = plan_checked(snap, req, running)
         if isinstance(result, PreemptionPlan):
             planned += 1
             shrinks += sum(not e.whole for e in result.evictions)
