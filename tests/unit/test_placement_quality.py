@@ -23,6 +23,16 @@ def use(snap: ClusterSnapshot, supernode: str, nodes: int) -> None:
         snap.allocate(node.name, node.gpus)
 
 
+def spares_and_full(snap: ClusterSnapshot, supernode: str, spares: int) -> list[NodeState]:
+    """Make the supernode's first `spares` nodes hot spares and fill the rest; its nodes, in order."""
+    nodes = list(snap.member_nodes(supernode))
+    for node in nodes[:spares]:
+        snap.update_node(node.name, spare=True)
+    for node in nodes[spares:]:
+        snap.allocate(node.name, node.gpus)
+    return nodes
+
+
 def test_queued_group_sizes_keep_the_empty_rack_for_the_job_that_fits_it():
     # Racks with 36 / 36 / 72 free; a 3x24 job now, a 2x36 job queued behind it.
     snap = snapshot_from_fleet(build_fleet("nvl72", 3))
@@ -147,11 +157,7 @@ def test_a_single_group_competes_in_every_block_however_many_there_are():
 def test_recovery_order_own_spares_then_other_racks_free_nodes_then_their_spares():
     snap = snapshot_from_fleet(build_fleet("nvl72", 2))
     for sn in ("nvl72-0000", "nvl72-0001"):
-        nodes = list(snap.member_nodes(sn))
-        for node in nodes[:2]:
-            snap.update_node(node.name, spare=True)
-        for node in nodes[2:]:
-            snap.allocate(node.name, 4)
+        spares_and_full(snap, sn, 2)
     snap.release("nvl72-0001-n10", 4)
     snap.release("nvl72-0001-n11", 4)
     fix = GangRequest("fix", 2, 8, 4, recovery=True, prefer_supernodes=("nvl72-0000",))
@@ -174,11 +180,7 @@ def test_recovery_takes_other_racks_free_nodes_before_any_of_their_spares():
     use(snap, "nvl72-0000", 18)
     for sn in ("nvl72-0001", "nvl72-0002"):
         use(snap, sn, 16)
-    nodes = list(snap.member_nodes("nvl72-0003"))
-    for node in nodes[:4]:
-        snap.update_node(node.name, spare=True)
-    for node in nodes[4:]:
-        snap.allocate(node.name, 4)
+    spares_and_full(snap, "nvl72-0003", 4)
     fix = GangRequest("fix", 3, 8, 4, recovery=True, prefer_supernodes=("nvl72-0000",))
     plan = plan_gang(snap, fix)
     assert isinstance(plan, PlacementPlan)
@@ -244,11 +246,7 @@ def test_the_block_whose_leftover_loses_least_wins_over_the_fullest_block():
 def test_recovery_with_room_only_on_spares_is_placed_not_crashed():
     snap = snapshot_from_fleet(build_fleet("nvl72", 2))
     use(snap, "nvl72-0000", 18)
-    nodes = list(snap.member_nodes("nvl72-0001"))
-    for node in nodes[:4]:
-        snap.update_node(node.name, spare=True)
-    for node in nodes[4:]:
-        snap.allocate(node.name, 4)
+    nodes = spares_and_full(snap, "nvl72-0001", 4)
     plan = plan_gang(snap, GangRequest("fix", 1, 16, 4, recovery=True, prefer_supernodes=("nvl72-0000",)))
     assert isinstance(plan, PlacementPlan) and set(plan.groups[0].nodes) == {n.name for n in nodes[:4]}
 
