@@ -23,6 +23,8 @@ OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 KWOK_IGNORE = "test.tidal.dev/kwok-ignore"
 """KWOK leaves nodes and pods with this annotation set to "true" alone (e2e/cluster.sh sets it up)."""
+PARTITIONED_AT = "test.tidal.dev/partitioned-at"
+"""Set on the node when the test cuts it off: a change KWOK sees, so it re-queues its heartbeat."""
 
 
 def _ready(kube: Kube, node: str) -> bool:
@@ -46,7 +48,7 @@ def partition(kube: Kube, node: str) -> None:
     # the node is ignored (it would make the node Ready again). A change it still sees replaces
     # that job with one due 600 s from now, after this test is over.
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    kube.run("annotate", "node", node, f"test.tidal.dev/partitioned-at={now}", "--overwrite")
+    kube.run("annotate", "node", node, f"{PARTITIONED_AT}={now}", "--overwrite")
     # Pods first: once the node is NotReady the operator may delete them at any moment, and KWOK
     # must already be ignoring them when it sees that deletion.
     kube.run("annotate", "pods", *_on(node), f"{KWOK_IGNORE}=true", "--overwrite")
@@ -63,7 +65,7 @@ def heal(kube: Kube, node: str) -> None:
     """Give the node back to KWOK: it makes a new Lease and reports the node Ready again."""
     kube.run("taint", "node", node, f"{OUT_OF_SERVICE}-", check=False)
     kube.run("annotate", "pods", *_on(node), f"{KWOK_IGNORE}-", check=False)
-    kube.run("annotate", "node", node, f"{KWOK_IGNORE}-", "test.tidal.dev/partitioned-at-", check=False)
+    kube.run("annotate", "node", node, f"{KWOK_IGNORE}-", f"{PARTITIONED_AT}-", check=False)
     kube.run("delete", "lease", "-n", "kube-node-lease", node, check=False)
     eventually(
         lambda: _ready(kube, node) and not kube.get("node", node)["spec"].get("taints"),
