@@ -245,13 +245,73 @@ def test_greedy_gives_back_a_move_the_plan_can_do_without(monkeypatch):
     monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
     snap = racks(4)
     p = put(snap, "p", 1, 4, on=rack(0))
-    halves = [put(snap, "w", 1, 16, on=rack(i)).gang.replicas[0] for i in (1, 2)]
-    w = MovableGang(RunningGang("w", 0, True, (tuple(sorted(halves[0] + halves[1])),)), GangRequest("w", 2, 16, 4))
+    w = over_two_racks(snap, "w", 16, 1, 2)
     pinned = put(snap, "pinned", 1, 40, on=rack(3), preemptible=False)
     request = GangRequest("big", 2, 72, 4)
     running = [p, w, pinned]
     plan = plan_defrag(snap, request, running, None)
     assert plan is not None and [m.eviction.gang for m in plan.moves] == ["w"], plan
+    check(snap, request, running, plan)
+
+
+def over_two_racks(snap: ClusterSnapshot, name: str, gpus_each: int, first: int, second: int) -> MovableGang:
+    """One gang of two groups, `gpus_each` GPUs on each of two racks: moving it clears both."""
+    halves = [put(snap, name, 1, gpus_each, on=rack(i)).gang.replicas[0] for i in (first, second)]
+    return MovableGang(
+        RunningGang(name, 0, True, (tuple(sorted(halves[0] + halves[1])),)), GangRequest(name, 2, gpus_each, 4)
+    )
+
+
+def test_greedy_gives_back_the_larger_of_two_moves_it_can_do_without(monkeypatch):
+    # Three 72-GPU groups. The greedy clears rack 0 ("p", 4 GPUs), then rack 1 ("q", 8), then
+    # rack 2 with "w", which clears rack 3 too: four racks for three groups. Either "p" or "q" can
+    # go back, not both; giving back the larger first keeps the plan at 36 GPUs, not 40.
+    monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
+    snap = racks(5)
+    running = [put(snap, "p", 1, 4, on=rack(0)), put(snap, "q", 1, 8, on=rack(1)), over_two_racks(snap, "w", 16, 2, 3)]
+    running.append(put(snap, "pinned", 1, 8, on=rack(4), preemptible=False))
+    request = GangRequest("big", 3, 72, 4)
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and sorted(m.eviction.gang for m in plan.moves) == ["p", "w"], plan
+    assert plan.moved_gpus == 36
+    check(snap, request, running, plan)
+
+
+def one_node_gangs(snap: ClusterSnapshot, per_rack: int, on: range) -> list[MovableGang]:
+    """`per_rack` preemptible 4-GPU gangs (one node each) on each rack of `on`."""
+    return [put(snap, f"r{r}g{i}", 1, 4, on=rack(r)) for r in on for i in range(per_rack)]
+
+
+def test_the_greedy_moves_no_more_gangs_than_the_cap(monkeypatch):
+    # Clearing a rack of 4-GPU gangs takes one move per gang, all in one step of the greedy: 8 is
+    # the cap (each move is a checkpoint and a restart), so 9 is no plan.
+    monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
+    request = GangRequest("big", 1, 72, 4)
+    for per_rack, moves in ((8, 8), (9, None)):
+        snap = racks(2)
+        running = one_node_gangs(snap, per_rack, range(2))
+        plan = plan_defrag(snap, request, running, None)
+        assert (plan and len(plan.moves)) == moves, (per_rack, plan)
+        if plan is not None:
+            check(snap, request, running, plan)
+
+
+def test_the_exact_search_moves_no_more_gangs_than_the_cap():
+    # Nine gangs on rack 0 are the only way to free a rack (rack 1 holds pinned work): nine moves.
+    snap = racks(2)
+    running = one_node_gangs(snap, 9, range(1))
+    running.append(put(snap, "pinned", 1, 4, on=rack(1), preemptible=False))
+    assert plan_defrag(snap, GangRequest("big", 1, 72, 4), running, None) is None
+
+
+def test_the_cap_is_twice_the_groups_missing_when_that_is_more():
+    # Five racks each cleared by two moves: ten, above 8 but within twice the five groups missing.
+    snap = racks(8)
+    running = one_node_gangs(snap, 2, range(5))
+    running += [put(snap, f"pinned{r}", 1, 8, on=rack(r), preemptible=False) for r in range(5, 8)]
+    request = GangRequest("big", 5, 72, 4)
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and len(plan.moves) == 10
     check(snap, request, running, plan)
 
 

@@ -10,8 +10,8 @@ which must still pass: the mutant must make worse plans, not broken ones (a muta
 this test says so and the mutant must be rewritten, not dropped.
 
 Known survivors, not listed: the preemption greedy's last tie-break (the larger of two moves with
-equal room per GPU and finished groups; see the README's placement benchmarks), the order in which
-preemption and defragmentation prune, and defragmentation's cap on moves.
+equal room per GPU and finished groups; see the README's placement benchmarks) and the order in
+which preemption prunes.
 """
 
 from __future__ import annotations
@@ -292,6 +292,34 @@ MUTANTS = [
         "for o in sorted(chosen, key=lambda o: -o.gpus):  # give back",
         "for o in []:  # give back",
         DEFRAGS + "test_greedy_gives_back_a_move_the_plan_can_do_without",
+    ),
+    Mutant(
+        "defrag: the greedy gives back the larger move first",
+        DEFRAG,
+        "for o in sorted(chosen, key=lambda o: -o.gpus):  # give back",
+        "for o in sorted(chosen, key=lambda o: o.gpus):  # give back",
+        DEFRAGS + "test_greedy_gives_back_the_larger_of_two_moves_it_can_do_without",
+    ),
+    Mutant(
+        "defrag: the greedy's cap on moves",
+        DEFRAG,
+        "if len(chosen) > self.max_moves:",
+        "if False:",
+        DEFRAGS + "test_the_greedy_moves_no_more_gangs_than_the_cap",
+    ),
+    Mutant(
+        "defrag: the exact search's cap on moves",
+        DEFRAG,
+        "for k in range(1, min(len(gangs), self.max_moves) + 1):",
+        "for k in range(1, len(gangs) + 1):",
+        DEFRAGS + "test_the_exact_search_moves_no_more_gangs_than_the_cap",
+    ),
+    Mutant(
+        "defrag: the cap grows to twice the groups missing",
+        DEFRAG,
+        "self.max_moves = max(MAX_MOVES, 2 * (request.groups - fitting_now))",
+        "self.max_moves = MAX_MOVES",
+        DEFRAGS + "test_the_cap_is_twice_the_groups_missing_when_that_is_more",
     ),
     Mutant(
         "defrag: moved work must fit again",

@@ -419,6 +419,8 @@ class _Planner:
                 smaller = self.verify(rest)
                 if smaller is not None:
                     chosen, plan = rest, smaller
+        if len(chosen) > self.max_moves:  # one rack's clearing can take more than the cap in one step
+            return None
         return plan
 
 
