@@ -339,6 +339,38 @@ def test_gives_back_what_the_plan_can_do_without():
     assert plan.evicted_gpus == 144 and all(e.gang.startswith("d") for e in plan.evictions), plan.evictions
 
 
+def greedy_and_prune_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heuristic with its improvement pass off: what the prune pass keeps is the plan (the
+    improvement pass and the exact search repair the layouts below, so they must be off to see it)."""
+    monkeypatch.setattr(preemption, "_EXACT_MAX_GANGS", -1)
+    monkeypatch.setattr(preemption, "_IMPROVE_ATTEMPTS", 0)
+    monkeypatch.setattr(preemption, "_IMPROVE_ATTEMPTS_NEIGHBOURS", 0)
+
+
+def test_the_prune_pass_gives_back_the_larger_victim_first(monkeypatch: pytest.MonkeyPatch):
+    # Three servers are missing. The greedy takes "h4" (one server for 4 GPUs), "h6" (one for 6),
+    # then "d" (two for 16): four servers. Either "h4" or "h6" can go back, not both; giving
+    # back the larger first evicts 20 GPUs, not 22.
+    greedy_and_prune_alone(monkeypatch)
+    snap = servers(4)
+    running = [holding(snap, "h4", [(0, 4)]), holding(snap, "h6", [(1, 6)]), holding(snap, "d", [(2, 8), (3, 8)])]
+    plan = plan_preemption(snap, GangRequest("new", 3, 8, 8, priority=5), running)
+    assert isinstance(plan, PreemptionPlan)
+    assert sorted(e.gang for e in plan.evictions) == ["d", "h4"] and plan.evicted_gpus == 20
+
+
+def test_the_prune_pass_gives_back_the_higher_priority_victim_first(monkeypatch: pytest.MonkeyPatch):
+    # The layout above with two 6-GPU victims: "x" (priority 3) and "y" (priority 0) cost the same,
+    # so the one given back is the higher priority and "y" is evicted.
+    greedy_and_prune_alone(monkeypatch)
+    snap = servers(4)
+    x = holding(snap, "x", [(0, 6)], priority=3)
+    running = [x, holding(snap, "y", [(1, 6)], priority=0), holding(snap, "d", [(2, 8), (3, 8)])]
+    plan = plan_preemption(snap, GangRequest("new", 3, 8, 8, priority=5), running)
+    assert isinstance(plan, PreemptionPlan)
+    assert sorted(e.gang for e in plan.evictions) == ["d", "y"]
+
+
 def test_partial_progress_concentrates_evictions_on_one_domain():
     # Racks of 4 nodes x 4 GPUs; the request is one whole rack. No gang frees a rack alone. Rack 0
     # has a free node, "a1" (2 nodes) and "a2" (1 node): 12 GPUs. Rack 1 has "b1" and "b2" (2

@@ -9,9 +9,8 @@ which must still pass: the mutant must make worse plans, not broken ones (a muta
 `safe=False` removes a safety rule, and they must fail too). When the code a mutant edits changes,
 this test says so and the mutant must be rewritten, not dropped.
 
-Known survivors, not listed: the preemption greedy's last tie-break (the larger of two moves with
-equal room per GPU and finished groups; see the README's placement benchmarks) and the order in
-which preemption prunes.
+Known survivor, not listed: the preemption greedy's last tie-break (the larger of two moves with
+equal room per GPU and finished groups; see the README's placement benchmarks).
 """
 
 from __future__ import annotations
@@ -200,6 +199,20 @@ MUTANTS = [
         "    def _prune(self, st: _State, levels: list[int], target: int) -> None:\n",
         "    def _prune(self, st: _State, levels: list[int], target: int) -> None:\n        return\n",
         PREEMPT + "test_gives_back_what_the_plan_can_do_without",
+    ),
+    Mutant(
+        "the prune pass gives back the larger victim first",
+        PREEMPTION,
+        "key=lambda v: (-self.victims[v].cost[levels[v]], -self.victims[v].gang.priority, v),",
+        "key=lambda v: (self.victims[v].cost[levels[v]], -self.victims[v].gang.priority, v),",
+        PREEMPT + "test_the_prune_pass_gives_back_the_larger_victim_first",
+    ),
+    Mutant(
+        "the prune pass gives back the higher priority first among equal costs",
+        PREEMPTION,
+        "key=lambda v: (-self.victims[v].cost[levels[v]], -self.victims[v].gang.priority, v),",
+        "key=lambda v: (-self.victims[v].cost[levels[v]], self.victims[v].gang.priority, v),",
+        PREEMPT + "test_the_prune_pass_gives_back_the_higher_priority_victim_first",
     ),
     Mutant(
         "the improvement pass replaces expensive victims",
