@@ -361,11 +361,15 @@ def test_the_prune_pass_gives_back_the_larger_victim_first(monkeypatch: pytest.M
 
 def test_the_prune_pass_gives_back_the_higher_priority_victim_first(monkeypatch: pytest.MonkeyPatch):
     # The layout above with two 6-GPU victims: "x" (priority 3) and "y" (priority 0) cost the same,
-    # so the one given back is the higher priority and "y" is evicted.
+    # so the one given back is the higher priority and "y" is evicted, though listed first.
     greedy_and_prune_alone(monkeypatch)
     snap = servers(4)
-    x = holding(snap, "x", [(0, 6)], priority=3)
-    running = [x, holding(snap, "y", [(1, 6)], priority=0), holding(snap, "d", [(2, 8), (3, 8)])]
+    y = holding(snap, "y", [(1, 6)], priority=0)
+    running = [
+        y,
+        holding(snap, "x", [(0, 6)], priority=3),
+        holding(snap, "d", [(2, 8), (3, 8)]),
+    ]  # "y" first: not by order
     plan = plan_preemption(snap, GangRequest("new", 3, 8, 8, priority=5), running)
     assert isinstance(plan, PreemptionPlan)
     assert sorted(e.gang for e in plan.evictions) == ["d", "y"]

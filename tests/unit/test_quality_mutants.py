@@ -40,7 +40,11 @@ SAFETY = {
         PREEMPT + "test_preemption_invariants",
         PREEMPT + "test_preemption_invariants_on_seeded_clusters_that_need_evictions",
     ),
-    DEFRAG: (DEFRAGS + "test_defrag_invariants", DEFRAGS + "test_defrag_on_fragmented_racks_keeps_every_invariant"),
+    DEFRAG: (
+        DEFRAGS + "test_defrag_invariants",
+        DEFRAGS + "test_defrag_on_fragmented_racks_keeps_every_invariant",
+        DEFRAGS + "test_the_greedy_alone_on_fragmented_racks_keeps_every_invariant",
+    ),
 }
 """The module's property tests of the safety invariants: a mutant must still pass them, so that it
 makes plans that are valid but worse (the rule removed), not plans that are broken."""
@@ -316,9 +320,31 @@ MUTANTS = [
     Mutant(
         "defrag: the greedy's cap on moves",
         DEFRAG,
-        "if len(chosen) > self.max_moves:",
-        "if False:",
+        "if len(chosen) > self.max_moves or",
+        "if False or",
         DEFRAGS + "test_the_greedy_moves_no_more_gangs_than_the_cap",
+    ),
+    Mutant(
+        "defrag: the greedy may go past the cap before giving moves back",
+        DEFRAG,
+        "len(chosen) >= 2 * self.max_moves:",
+        "len(chosen) >= self.max_moves:",
+        DEFRAGS + "test_the_greedy_may_go_past_the_cap_before_giving_moves_back",
+    ),
+    Mutant(
+        "defrag: the greedy checks the cap after giving moves back",
+        DEFRAG,
+        "        plan = self.verify(chosen)\n",
+        "        if len(chosen) > self.max_moves:\n            return None\n        plan = self.verify(chosen)\n",
+        DEFRAGS + "test_the_greedy_checks_the_cap_after_giving_moves_back",
+    ),
+    Mutant(
+        "defrag: the greedy checks the budget after giving moves back",
+        DEFRAG,
+        "        plan = self.verify(chosen)\n",
+        "        if sum(o.gpus for o in chosen) > (self.budget or 10**9):\n            return None\n"
+        "        plan = self.verify(chosen)\n",
+        DEFRAGS + "test_the_greedy_checks_the_budget_after_giving_moves_back",
     ),
     Mutant(
         "defrag: the exact search's cap on moves",
@@ -332,7 +358,15 @@ MUTANTS = [
         DEFRAG,
         "self.max_moves = max(MAX_MOVES, 2 * (request.groups - fitting_now))",
         "self.max_moves = MAX_MOVES",
-        DEFRAGS + "test_the_cap_is_twice_the_groups_missing_when_that_is_more",
+        DEFRAGS + "test_the_cap_is_twice_the_groups_missing_when_that_is_more[greedy alone]",
+    ),
+    Mutant(
+        "defrag: the greedy keeps within the budget",
+        DEFRAG,
+        "if len(chosen) > self.max_moves or (self.budget is not None and plan.moved_gpus > self.budget):",
+        "if len(chosen) > self.max_moves:",
+        DEFRAGS + "test_the_greedy_checks_the_budget_after_giving_moves_back",
+        safe=False,
     ),
     Mutant(
         "defrag: moved work must fit again",

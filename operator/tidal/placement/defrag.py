@@ -25,8 +25,9 @@ are the candidates. When they are few (<= `EXACT_MAX_OPTIONS` options), every se
 moves is enumerated in (moves, GPUs) order, counted in pod slots (cheap), and the first set that
 passes the full check (request placed, every moved gang re-placed) is the answer: within the
 candidates it is exact. Above that, or when the enumeration would exceed `EXACT_MAX_SETS`, a
-greedy adds the cheapest supernode's clearing moves until the request fits, then prunes every
-move it can do without (most GPUs first).
+greedy adds the cheapest supernode's clearing moves until the request fits (going up to twice the
+cap on moves), then prunes every move it can do without (most GPUs first); a plan still above the
+cap is none.
 
 Options per gang: suspend it whole, or (elastic) the smallest top-replica shrink that clears it off
 a supernode it holds; intermediate shrinks are never better for freeing a given supernode.
@@ -398,7 +399,8 @@ class _Planner:
         taken: set[int] = set()
         ranked = self._ranked_supernodes(taken, allowed)
         for _, sn, clearing in ranked:
-            if self.groups_with(chosen) >= self.request.groups or len(chosen) >= self.max_moves:
+            # Past the cap is allowed, up to twice it: giving moves back below may bring the plan within it.
+            if self.groups_with(chosen) >= self.request.groups or len(chosen) >= 2 * self.max_moves:
                 break
             if any(o.gang in taken for o in clearing):
                 clearing = self._clearing(sn, taken, allowed)
@@ -407,8 +409,6 @@ class _Planner:
             chosen += clearing
             taken |= {o.gang for o in clearing}
         if self.groups_with(chosen) < self.request.groups:
-            return None
-        if self.budget is not None and sum(o.gpus for o in chosen) > self.budget:
             return None
         plan = self.verify(chosen)
         if plan is None:
@@ -419,7 +419,9 @@ class _Planner:
                 smaller = self.verify(rest)
                 if smaller is not None:
                     chosen, plan = rest, smaller
-        if len(chosen) > self.max_moves:  # one rack's clearing can take more than the cap in one step
+        # Cap and budget after giving back, which may bring the plan within them (one pass: a miss
+        # here leaves the gang pending, never unsafe).
+        if len(chosen) > self.max_moves or (self.budget is not None and plan.moved_gpus > self.budget):
             return None
         return plan
 
