@@ -356,8 +356,8 @@ MUTANTS = [
     Mutant(
         "defrag: the cap grows to twice the groups missing",
         DEFRAG,
-        "self.max_moves = max(MAX_MOVES, 2 * (request.groups - fitting_now))",
-        "self.max_moves = MAX_MOVES",
+        "return max(MAX_MOVES, 2 * (request.groups - groups_fitting_now))",
+        "return MAX_MOVES",
         DEFRAGS + "test_the_cap_is_twice_the_groups_missing_when_that_is_more[greedy alone]",
     ),
     Mutant(

@@ -47,7 +47,7 @@ from tidal.placement import (
     plan_gang,
     plan_preemption,
 )
-from tidal.placement.defrag import MovableGang, free_gpus, plan_defrag
+from tidal.placement.defrag import MovableGang, free_gpus, is_fragmentation_blocked, move_cap, plan_defrag
 from tidal.placement.gang import group_fits_some_supernode
 from tidal.placement.leftover import ArrivalHistory, GroupDemand
 from tidal.placement.types import UnplaceableReason
@@ -393,9 +393,9 @@ def _preempt_or_wait(
         if isinstance(result, PreemptionPlan):
             return _preempt(cyc, view, status, statuses, result)
     moved = _defragment(cyc, view, status, statuses, request, miss, gangs, scratch, defrag_budget)
-    if moved is not None:
+    if isinstance(moved, dict):
         return moved
-    return _pending(cyc, view, status, miss.reason.value, miss.message)
+    return _pending(cyc, view, status, miss.reason.value, miss.message + (moved or ""))
 
 
 def _leaving_for(view: ResourceView, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> list[tuple[str, str]]:
@@ -462,8 +462,9 @@ def _defragment(
     gangs: list[RunningGang],
     scratch: ClusterSnapshot,
     defrag_budget: Budget | None,
-) -> dict[str, Any] | None:
-    """Start the fewest checkpoint-first moves that let a fragmentation-blocked job fit, or None.
+) -> dict[str, Any] | str | None:
+    """Start the fewest checkpoint-first moves that let a fragmentation-blocked job fit (its new
+    status); or say why none was found, for its pending message; or None when it does not apply.
 
     One defragmentation at a time: a second one planned while the first one's movers are still
     leaving could take the room those movers were verified to fit into again."""
@@ -481,7 +482,15 @@ def _defragment(
     plan = plan_defrag(scratch, request, movers, budget)
     cyc.placements_ms.append((time.perf_counter() - started) * 1000)
     if plan is None:
-        return None
+        blocked = is_fragmentation_blocked(scratch, request)
+        if blocked is None:
+            return None
+        cap = move_cap(request, blocked.groups_fitting_now)
+        within = "" if budget is None else f" within the {budget} GPUs the hourly disruption budget still allows"
+        return (
+            f"; defragmentation found no plan: no {cap} or fewer moves of preemptible jobs of priority <= "
+            f"{request.priority}{within} make room with every moved job fitting again"
+        )
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
     groups = f"{request.groups} group(s) of {request.group_gpus} GPUs"
     for move in plan.moves:

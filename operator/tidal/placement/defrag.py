@@ -130,6 +130,11 @@ def movable(running: Iterable[MovableGang], request: GangRequest) -> list[Movabl
     ]
 
 
+def move_cap(request: GangRequest, groups_fitting_now: int) -> int:
+    """The most moves a plan for `request` may make (`MAX_MOVES`, or twice the groups missing if more)."""
+    return max(MAX_MOVES, 2 * (request.groups - groups_fitting_now))
+
+
 def plan_defrag(
     snapshot: ClusterSnapshot, request: GangRequest, running: Sequence[MovableGang], budget_gpus: int | None
 ) -> DefragPlan | None:
@@ -189,7 +194,7 @@ class _Planner:
                     here[sn] = here.get(sn, 0) + g
             for sn, g in here.items():
                 self.on_sn.setdefault(sn, []).append((g, o))
-        self.max_moves = max(MAX_MOVES, 2 * (request.groups - fitting_now))
+        self.max_moves = move_cap(request, fitting_now)
 
     # -- options ----------------------------------------------------------------------------
     def _release(self, m: MovableGang, level: int) -> tuple[tuple[str, int], ...]:
