@@ -67,8 +67,15 @@ def test_surviving_pods_of_a_shrink_carry_the_new_world_size(
     for pod in pods_of(kube, namespace, "elastic"):  # the API server took the downward API volume
         assert pod["metadata"]["annotations"]["tidal.dev/world-size"] == "8"
         assert any(v["name"] == "tidal-world" for v in pod["spec"]["volumes"])
-    past = "2020-01-01T00:00:00Z"  # what the rebalancer writes, its checkpoint deadline passed
-    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    past = "2020-01-01T00:00:00Z"  # what the rebalancer writes once the request was seen, grace over
+    eviction = {
+        "reason": "Rebalanced",
+        "by": "test",
+        "requestedAt": past,
+        "askedAt": past,
+        "deadline": past,
+        "replicas": [1],
+    }
     kube.run(
         "patch", "trainingjob", "elastic", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", yaml.safe_dump({"status": {"eviction": eviction}}),

@@ -232,7 +232,14 @@ def test_a_shrink_deletes_the_domain_of_the_rack_given_back_and_keeps_the_other(
     status = cluster.status("TrainingJob", "ml", "moe")
     rack_of = {g["group"]: g["supernode"] for g in status["placement"]}
     past = "2026-04-30T00:00:00Z"
-    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    eviction = {
+        "reason": "Rebalanced",
+        "by": "test",
+        "requestedAt": past,
+        "askedAt": past,
+        "deadline": past,
+        "replicas": [1],
+    }
     cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
     run(cluster, controller)
     status = cluster.status("TrainingJob", "ml", "moe")
@@ -497,7 +504,14 @@ def _shrunk_to_one_rack(cluster: FakeCluster, controller: Controller) -> tuple[s
     run(cluster, controller)
     rack_of = {g["group"]: g["supernode"] for g in cluster.status("TrainingJob", "ml", "moe")["placement"]}
     past = "2026-04-30T00:00:00Z"
-    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    eviction = {
+        "reason": "Rebalanced",
+        "by": "test",
+        "requestedAt": past,
+        "askedAt": past,
+        "deadline": past,
+        "replicas": [1],
+    }
     cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
     return rack_of[0], rack_of[1]
 
@@ -705,7 +719,7 @@ def test_a_half_tray_workload_is_refused_before_any_eviction_even_where_holes_wo
     cluster.add("TrainingJob", "ml", "half", spec)
     cluster.add("TrainingJob", "ml", "whole", {**spec, "gpusPerPod": 4})  # the same, on whole trays
     cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 6, "gpusPerPod": 2, "replicas": 1})
-    run(cluster, controller, cycles=4)
+    run(cluster, controller, cycles=5)  # the eviction waits one cycle to see its request delivered
     half = cluster.status("TrainingJob", "ml", "half")
     assert half["phase"] == "Pending" and "placement" not in half
     assert any(c.get("reason") == "ComputeDomainPodsShareNode" for c in half["conditions"])

@@ -3,7 +3,7 @@ from collections import Counter
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
-from tidal.clock import FixedClock
+from tidal.clock import FixedClock, rfc3339
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.placement import GangRequest, PlacementPlan, RunningGang, apply_plan, plan_gang
@@ -254,6 +254,37 @@ def test_disruption_budget_is_respected_by_the_operator():
     assert status["placedReplicas"] == 4
     assert "disruption budget" in status["reason"]
     assert "eviction" not in cluster.status("TrainingJob", "ml", "pretrain")
+
+
+def test_the_budget_still_binds_after_many_small_shrinks_of_one_job():
+    """More shrinks in an hour than the history once kept (10): each one is a record the budget
+    counts, so none may be dropped while it is inside the hour."""
+    cluster = FakeCluster("nvl72", 4)
+    cluster.add_priority_class("training", 1)
+    cluster.add_priority_class("serving", 1000)
+    elastic = {"minDP": 1, "maxDP": 32}
+    job = {"tp": 4, "ep": 2, "pp": 1, "dp": 32, "gpusPerPod": 4, "priorityClassName": "training"}
+    cluster.add("TrainingJob", "ml", "pretrain", {**job, "preemptible": True, "elastic": elastic, "template": TEMPLATE})
+    pool = {"minReplicas": 0, "maxReplicas": 40, "tp": 8, "gpusPerPod": 4, "priorityClassName": "serving"}
+    cluster.add("InferencePool", "serve", "chat", {**pool, "template": TEMPLATE, "load": {"targetPerReplica": 1}})
+    clock = FixedClock(at("12:00"))
+    budget = 120  # 15 DP replicas of 8 GPUs
+    settings = ControllerSettings(rebalance=RebalanceSettings(disruption_budget_gpus_per_hour=budget))
+    controller = Controller(cluster, clock, settings)
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    run(cluster, controller)
+    for minute in range(40):  # the load rises by one replica a minute; the job checkpoints at once
+        cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": str(4 + minute)})
+        run(cluster, controller, cycles=2)
+        cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": rfc3339(clock.now())})
+        clock.advance(seconds=30)
+        run(cluster, controller, cycles=2)
+        clock.advance(seconds=30)
+    status = cluster.status("TrainingJob", "ml", "pretrain")
+    rebalanced = [r for r in status["evictionHistory"] if r["reason"] == "Rebalanced"]
+    assert len(rebalanced) > 10, "more shrinks than the old history kept: the case this test is about"
+    assert sum(r["gpus"] for r in rebalanced) == budget, "the budget binds, and is used up"
+    assert status["currentDP"] == 32 - budget // 8
 
 
 def test_no_flapping_through_a_noisy_hour():

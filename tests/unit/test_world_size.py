@@ -45,7 +45,14 @@ def test_pods_start_with_the_world_files_and_survivors_of_a_shrink_learn_the_new
         assert env["WORLD_SIZE"] == "8"
 
     past = "2026-04-30T00:00:00Z"
-    eviction = {"reason": "Rebalanced", "by": "test", "requestedAt": past, "deadline": past, "replicas": [1]}
+    eviction = {
+        "reason": "Rebalanced",
+        "by": "test",
+        "requestedAt": past,
+        "askedAt": past,
+        "deadline": past,
+        "replicas": [1],
+    }
     cluster.patch_status("TrainingJob", "ml", "job", {"eviction": eviction})
     run(cluster, controller, cycles=3)
     assert cluster.status("TrainingJob", "ml", "job")["worldSize"] == 4

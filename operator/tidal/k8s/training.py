@@ -332,7 +332,7 @@ def _give_back_stuck_growth(
     # Recorded as an eviction of nothing that ran: growing again waits the rebalancer's cooldown,
     # rather than landing on the same refusing nodes next cycle.
     record = {"at": cyc.stamp, "gpus": given, "reason": GROWTH_NOT_STARTED}
-    history = [*status.get("evictionHistory", []), record][-10:]
+    history = appended_history(status, record, cyc.now)
     return {**status, **summary_fields(kept, GangShape.of(view.spec, keep)), "evictionHistory": history}
 
 
@@ -685,13 +685,14 @@ def start_eviction(
     """Record the eviction; the job and its pods are asked to checkpoint from the next cycle on.
 
     The intent goes to the status first (the caller writes it), the annotations follow and are
-    re-checked every cycle, so an operator killed in between still asks before it evicts.
+    re-checked every cycle. The grace period starts only once every annotation is seen in place
+    (`askedAt`), not here: an operator down for longer than the grace period between this cycle
+    and the next would otherwise delete the pods in the very cycle that first asks.
     """
     if status.get("eviction"):
         return status
-    grace = int((view.spec.get("checkpoint") or {}).get("gracePeriodSeconds", 300))
+    grace = _grace_seconds(view)
     requested = cyc.stamp
-    deadline = rfc3339(cyc.now + dt.timedelta(seconds=grace))
     what = f"replicas {replicas}" if replicas else "the whole job"
     cyc.event(
         view, "CheckpointRequested", f"{reason} by {by}: checkpoint requested before evicting {what} (grace {grace}s)"
@@ -699,20 +700,29 @@ def start_eviction(
     cyc.count(f"checkpoint_requests:{reason}")
     return {
         **status,
-        "eviction": {"reason": reason, "by": by, "requestedAt": requested, "deadline": deadline, "replicas": replicas},
+        "eviction": {"reason": reason, "by": by, "requestedAt": requested, "replicas": replicas},
         "conditions": set_condition(
             status.get("conditions", []), "CheckpointRequested", True, reason, f"{reason} by {by}", requested
         ),
     }
 
 
-def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> None:
-    """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent)."""
+def _grace_seconds(view: ResourceView) -> int:
+    return int((view.spec.get("checkpoint") or {}).get("gracePeriodSeconds", 300))
+
+
+def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> bool:
+    """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent); True
+    when every one of them was already seen in place, so nothing had to be sent."""
+    asked = True
     if view.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
         cyc.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
+        asked = False
     for pod in pods.values():
         if pod.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
             cyc.annotate("Pod", pod.namespace, pod.name, {labels.CHECKPOINT_REQUESTED: requested})
+            asked = False
+    return asked
 
 
 def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
@@ -725,9 +735,15 @@ def _continue_eviction(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView]
 ) -> dict[str, Any]:
     eviction = status["eviction"]
-    _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
+    asked = _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
     done = checkpoint_done(view, eviction["requestedAt"])
-    expired = cyc.now >= (parse_time(eviction["deadline"]) or cyc.now)
+    if not done and not eviction.get("askedAt"):
+        if not asked:
+            return status  # the grace period has not started: the request is not yet seen everywhere
+        deadline = rfc3339(cyc.now + dt.timedelta(seconds=_grace_seconds(view)))
+        eviction = {**eviction, "askedAt": cyc.stamp, "deadline": deadline}
+        status = {**status, "eviction": eviction}
+    expired = cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
     if not (done or expired):
         return status
     waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
@@ -742,7 +758,7 @@ def _continue_eviction(
         "gpus": sum(len(g["nodes"]) for g in evicted) * shape.gpus_per_pod,
         "reason": eviction["reason"],
     }
-    history = [*status.get("evictionHistory", []), record][-10:]
+    history = appended_history(status, record, cyc.now)
     if replicas:
         _release(cyc, view, status, pods, replicas=replicas)
         kept = [g for g in status["placement"] if shape.replica_of_group(g["group"]) not in replicas]
@@ -766,6 +782,22 @@ def _continue_eviction(
         "evictionHistory": history,
         "conditions": set_condition(conditions, "Running", False, eviction["reason"], message, cyc.stamp),
     }
+
+
+HISTORY_WINDOW = dt.timedelta(hours=1)
+"""Every eviction record this recent is kept: the hourly disruption budget (k8s/rebalancing.py) and
+the cooldowns are counted from them, so dropping one by count would let the budget stop binding."""
+HISTORY_KEPT = 10
+"""Older records: this many of the newest, for people reading the status."""
+HISTORY_MAX = 500
+"""A bound on the status size only: an eviction is checkpoint-first, so a job sees a few an hour."""
+
+
+def appended_history(status: dict[str, Any], record: dict[str, Any], now: dt.datetime) -> list[dict[str, Any]]:
+    history = [*status.get("evictionHistory", []), record]
+    since = now - HISTORY_WINDOW
+    recent = sum(1 for r in history if (parse_time(r.get("at")) or since) > since)
+    return history[-min(max(recent, HISTORY_KEPT), HISTORY_MAX) :]
 
 
 def was_preempted(status: dict[str, Any]) -> bool:

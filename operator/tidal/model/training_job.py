@@ -191,7 +191,13 @@ class EvictionStatus(ApiModel):
     reason: str = Field(description="Preempted, Rebalanced or Suspended.")
     by: str = Field(default="", description="Who asked, e.g. the preempting job namespace/name.")
     requested_at: str = Field(description="Value of the tidal.dev/checkpoint-requested annotation.")
-    deadline: str = Field(description="When pods are deleted even without checkpoint-done.")
+    asked_at: str | None = Field(
+        default=None,
+        description="When the annotation was first seen on the job and every pod; the grace period starts here.",
+    )
+    deadline: str | None = Field(
+        default=None, description="When pods are deleted even without checkpoint-done: askedAt plus the grace period."
+    )
     replicas: list[int] = Field(
         default_factory=list, description="DP replicas to give back; empty means the whole job."
     )
@@ -239,7 +245,9 @@ class TrainingJobStatus(ApiModel):
     )
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     eviction_history: list[EvictionRecord] = Field(
-        default_factory=list, description="The last evictions (at most 10), newest last."
+        default_factory=list,
+        description="Every eviction of the last hour (the disruption budget counts them), at least the "
+        "last 10, newest last.",
     )
     compute_domains: list[str] = Field(
         default_factory=list,
