@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from tidal.k8s import api as tidal_api
+from tidal.k8s.api import Api, load_client
+
 from .kube import REPO, Kube, eventually
 
 TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
@@ -245,3 +248,27 @@ def test_gpu_pod_with_node_affinity_is_bound_by_kube_scheduler_and_runs(kube: Ku
 
     message = eventually(unschedulable, timeout=60, what="gpu-probe-2 Unschedulable")
     assert "nvidia.com/gpu" in message
+
+
+def test_list_keys_names_every_object_of_each_kind_across_pages(kube: Kube, namespace: str, monkeypatch):
+    """The index audit's LIST (k8s/handlers.py audit_indices): metadata only, paginated, one key per
+    object in the watch cache's form; compared with what kubectl lists."""
+    kube.run("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all([training_job(f"j{i}") for i in range(3)]))
+    monkeypatch.setattr(tidal_api, "LIST_PAGE", 2)  # several pages even on this small cluster
+    api = Api(load_client(str(kube.kubeconfig)), workers=1)
+
+    def names(resource: str, namespaced: bool) -> set:
+        items = kube.get(resource, "-A" if namespaced else "--all-namespaces=false")["items"]
+        meta = [i["metadata"] for i in items]
+        return {(m["namespace"], m["name"]) if namespaced else m["name"] for m in meta}
+
+    jobs = api.list_keys("job")
+    assert {(namespace, f"j{i}") for i in range(3)} <= jobs
+    assert jobs == names("trainingjobs", True)
+    assert api.list_keys("node") == names("nodes", False) and len(api.list_keys("node")) > 2
+    assert api.list_keys("supernode") == names("supernodes", False)
+    assert api.list_keys("pod") == names("pods", True)
+    assert api.list_keys("priorityclass") == names("priorityclasses", False)
+    assert api.list_keys("quota") == names("resourcequotas", True)
+    assert api.list_keys("pool") == names("inferencepools", True)
+    assert api.requests["list_keys:node"] >= 2, "more than one page"

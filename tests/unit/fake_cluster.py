@@ -101,6 +101,15 @@ class FakeCluster:
         body = {"metadata": {"namespace": namespace, "name": name}, "spec": {"hard": hard, **spec}}
         self.quotas[(namespace, name)] = quota_view(body)
 
+    def list_keys(self, kind: str) -> set[Any]:
+        """What `Api.list_keys` returns: the keys of every object of that kind held now."""
+        self._log("list_keys", kind)
+        custom = {"job": "TrainingJob", "pool": "InferencePool", "supernode": "Supernode"}
+        if kind in custom:
+            return {(ns, name) if ns else name for k, ns, name in self.objects if k == custom[kind]}
+        tables = {"node": self.nodes, "pod": self.pods, "priorityclass": self.priority_classes, "quota": self.quotas}
+        return set(tables[kind])
+
     def get(self, kind: str, namespace: str | None, name: str) -> ResourceView:
         return self.objects[(kind, namespace, name)]
 

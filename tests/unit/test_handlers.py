@@ -210,3 +210,78 @@ def test_the_first_tick_after_a_start_is_logged_once():
     with structlog.testing.capture_logs() as logs:
         asyncio.run(scenario())
     assert [e["event"] for e in logs].count("first tick: timers running") == 1
+
+
+def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
+    """kopf lists again after a 410 Gone or a peering pause and keeps in its index what the new
+    list lacks: the audit's LIST finds it gone, the cache forgets it, and the next copy of the
+    indices (which still hold it) does not bring it back; a new node of that name does come back."""
+    cluster, controller, sim, (first, second) = setup(2)
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        for body in (first, second):
+            await sim.event("supernodes", body)
+        await sim.tick("supernodes", first)
+        assert gpus_total(cluster, "nvl72-0000") == 72
+        gone = next(
+            n for n in sorted(cluster.nodes) if cluster.nodes[n].labels.get("tidal.dev/supernode") == "nvl72-0000"
+        )
+        view = cluster.nodes.pop(gone)  # deleted while the watch was down: no DELETED event, ever
+        await list_nodes(cluster, sim)  # kopf's list after the 410: the others again, as type None
+
+        controller._next_resync = 0.0  # a copy of the indices: they still hold it
+        await sim.tick("supernodes", first)
+        assert gone in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 72
+
+        controller._next_audit = 0.0
+        await sim.tick("supernodes", first)
+        await asyncio.gather(*handlers._audits)
+        await sim.tick("supernodes", first)
+        assert gone not in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 68
+
+        controller._next_resync = 0.0
+        await sim.tick("supernodes", first)
+        assert gone not in controller.cache.nodes, "the copy of the indices did not bring it back"
+        assert gpus_total(cluster, "nvl72-0000") == 68
+
+        cluster.nodes[gone] = view  # a node of that name joins again: a watch event, a new view
+        await sim.event("nodes", node_body(view))
+        await sim.tick("supernodes", first)
+        assert gpus_total(cluster, "nvl72-0000") == 72
+        controller._next_resync = 0.0
+        await sim.tick("supernodes", first)
+        assert gone in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 72
+
+    asyncio.run(scenario())
+
+
+def test_an_audit_leaves_alone_what_the_list_still_has_and_survives_a_failed_list():
+    cluster, controller, sim, (first, second) = setup(2)
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        for body in (first, second):
+            await sim.event("supernodes", body)
+        await sim.tick("supernodes", first)
+        nodes = set(controller.cache.nodes)
+
+        def refused(kind: str) -> set[Any]:
+            raise RuntimeError("503")
+
+        cluster.list_keys = refused  # type: ignore[method-assign]
+        controller._next_audit = 0.0
+        await sim.tick("supernodes", first)
+        await asyncio.gather(*handlers._audits)
+        await sim.tick("supernodes", first)
+        assert set(controller.cache.nodes) == nodes
+
+        del cluster.list_keys
+        controller._next_audit = 0.0
+        await sim.tick("supernodes", first)
+        await asyncio.gather(*handlers._audits)
+        await sim.tick("supernodes", first)
+        assert set(controller.cache.nodes) == nodes and set(controller.cache.supernodes) == {"nvl72-0000", "nvl72-0001"}
+        assert ("list_keys", "node") in cluster.calls
+
+    asyncio.run(scenario())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import email.utils
+import json
 import random
 import threading
 import time
@@ -45,6 +46,10 @@ COMPUTE_DOMAIN_GROUP = "resource.nvidia.com"
 COMPUTE_DOMAIN_VERSION = "v1beta1"
 COMPUTE_DOMAIN_PLURAL = "computedomains"
 PLURALS = {"TrainingJob": "trainingjobs", "InferencePool": "inferencepools", "Supernode": "supernodes"}
+CUSTOM_PLURALS = {"job": "trainingjobs", "pool": "inferencepools", "supernode": "supernodes"}
+NAMESPACED_KINDS = frozenset({"pod", "job", "pool", "quota"})
+LIST_PAGE = 500
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class Api:
     ):
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
         self.requests: Counter[str] = Counter()
         self.policy = policy or RetryPolicy()
         self._sleep = sleep
@@ -393,6 +399,36 @@ class Api:
                 )
             return None
         return str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    def list_keys(self, kind: str) -> set[Any]:
+        """The keys the watch cache files `kind` under ("node", "pod", "supernode", "job", "pool",
+        "priorityclass", "quota") of every such object the API server holds now: a paginated LIST
+        of metadata only (one consistent snapshot), so that objects deleted while a watch was down
+        can be told from live ones (see `WatchCache.forget`)."""
+        keys: set[Any] = set()
+        token: str | None = None
+        while True:
+            page = self._call(f"list_keys:{kind}", self._list_page(kind), limit=LIST_PAGE, _continue=token)
+            body = json.loads(page.data)
+            for item in body.get("items") or []:
+                meta = item.get("metadata") or {}
+                keys.add((meta.get("namespace"), meta.get("name")) if kind in NAMESPACED_KINDS else meta.get("name"))
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return keys
+
+    def _list_page(self, kind: str) -> Callable[..., Any]:
+        raw = {"_headers": {"Accept": METADATA_ONLY}, "_preload_content": False}
+        if kind in CUSTOM_PLURALS:
+            plural = CUSTOM_PLURALS[kind]
+            return lambda **kw: self.custom.list_cluster_custom_object(API_GROUP, API_VERSION, plural, **kw, **raw)
+        lists = {
+            "node": self.core.list_node,
+            "pod": self.core.list_pod_for_all_namespaces,
+            "quota": self.core.list_resource_quota_for_all_namespaces,
+            "priorityclass": self.scheduling.list_priority_class,
+        }
+        return lambda **kw: lists[kind](**kw, **raw)
 
     def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str, str] | None:
         """(status, resourceVersion, uid) as the API server holds them now (never from a cache);

@@ -100,6 +100,8 @@ class Controller:
         """When the last cycle ended (or the controller was made): /healthz checks its age."""
         self._next_resync = 0.0
         """When the cache is next brought to a full listing (0: at the first tick)."""
+        self._next_audit: float | None = None
+        """When the kopf indices are next checked against a fresh LIST (None: one interval from now)."""
         self.failures = 0
         """Cycles failed in a row (reset by one that finishes)."""
         self._stuck_logged = 0.0
@@ -161,6 +163,17 @@ class Controller:
         self._next_resync = now + self.settings.resync_seconds
         # With the full listing, every pool Service is read again and repaired.
         self.applied_services, self.service_conflicts = {}, {}
+        return True
+
+    def audit_due(self) -> bool:
+        """True once per `resync_seconds`, from one interval after the first call: time to look for
+        objects deleted while a watch was down (`handlers.audit_indices`)."""
+        now = time.monotonic()
+        if self._next_audit is None:
+            self._next_audit = now + self.settings.resync_seconds
+        if now < self._next_audit:
+            return False
+        self._next_audit = now + self.settings.resync_seconds
         return True
 
     def cycle(self, state: ClusterState | None = None) -> CycleReport | None:

@@ -2,14 +2,16 @@
 
 The kopf indices stay: kopf starts no timer before every index has its first listing, so the first
 cycle starts from a full copy of them and never sees half a cluster; every `resync_seconds` the
-cache is brought to a fresh copy by difference, in case an event was lost (say, across a peering
-pause). Watch events reach the cache through `on.event` handlers (`feed_*`), never from the index
-functions: kopf stores an index function's result only after the function returns (it runs in a
-thread), so an event fed from there could be queued before a copy of the indices that lacks it,
-and be dropped with everything the copy supersedes. A handler runs after kopf stored the event in
-the index, on the event loop, where the copies are made too: an event queued before a copy is in
-it. The index function leaves its view in the object's memo, so the handler feeds the very object
-the index holds.
+cache is brought to a fresh copy by difference, in case an event was lost. A copy cannot repair one
+kind of loss: kopf keeps in its indices an object deleted while its watch was down (after a 410
+Gone or a peering pause it lists again, and removes nothing the list lacks); `audit_indices` finds
+those with a LIST of its own. Watch events reach the cache through `on.event` handlers (`feed_*`),
+never from the index functions: kopf stores an index function's result only after the function
+returns (it runs in a thread), so an event fed from there could be queued before a copy of the
+indices that lacks it, and be dropped with everything the copy supersedes. A handler runs after
+kopf stored the event in the index, on the event loop, where the copies are made too: an event
+queued before a copy is in it. The index function leaves its view in the object's memo, so the
+handler feeds the very object the index holds.
 
 The copy is queued like an event (`WatchCache.resync`) and applied by whichever cycle drains it, in
 the cycle's worker thread; the event loop (watches, probes, peering) never waits for planning.
@@ -233,12 +235,57 @@ async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
         log.error("controller stuck", message=stuck, failures_in_a_row=controller.failures)
     if not controller.claim():
         return
+    indices = {k: v for k, v in kwargs.items() if k.startswith("tidal_")}
     if controller.resync_due():
         # A full copy of the indices (at the first tick, then rarely), queued for the cycle: it
         # supersedes the events queued before it, which are all in it (fed after kopf indexed them).
-        controller.cache.resync(state_from({k: v for k, v in kwargs.items() if k.startswith("tidal_")}))
+        controller.cache.resync(state_from(indices))
+    if controller.audit_due() and not _audits:
+        task = asyncio.create_task(audit_indices(controller, indices))
+        _audits.add(task)  # a reference, so the task is not collected while it runs
+        task.add_done_callback(_audits.discard)
     # Planning is CPU-bound Python: a worker thread keeps kopf's watches, probes and peering going.
     await asyncio.to_thread(controller.cycle)
+
+
+_audits: set[asyncio.Task[None]] = set()
+
+AUDITED = {
+    "node": "nodes",
+    "pod": "pods",
+    "supernode": "supernodes",
+    "job": "jobs",
+    "pool": "pools",
+    "priorityclass": "priority_classes",
+    "quota": "quotas",
+}
+"""The watch cache's kinds, and the ClusterState table holding each."""
+
+
+async def audit_indices(controller: Controller, indices: dict[str, kopf.Index]) -> None:
+    """Drop from the cache what the API server no longer has though no watch said it was deleted.
+
+    kopf lists again after a 410 Gone or a peering pause, and an object deleted in between gets
+    no DELETED event: kopf keeps it in its index for good (a node that is gone stays Ready in the
+    snapshot; a job's placement stays booked). So now and then the keys of every watched kind are
+    listed (metadata only) and what the indices held before that LIST began but the LIST lacks is
+    forgotten (`WatchCache.forget`): it was deleted by the time the LIST was served."""
+    before = state_from(indices)  # on the event loop, as the LIST begins
+    try:
+        listed = await asyncio.to_thread(lambda: {kind: controller.api.list_keys(kind) for kind in AUDITED})
+    except Exception as e:  # the next audit tries again; the cache is no worse than before
+        log.warning("index audit failed", error=f"{type(e).__name__}: {e}")
+        return
+    phantoms = [
+        (kind, key, view)
+        for kind, table in AUDITED.items()
+        for key, view in getattr(before, table).items()
+        if key not in listed[kind]
+    ]
+    if phantoms:
+        gone = sorted(f"{kind} {key}" for kind, key, _ in phantoms)
+        log.warning("objects deleted while a watch was down: dropped", count=len(gone), objects=gone[:20])
+        controller.cache.forget(phantoms)
 
 
 @kopf.on.probe(id="cycle")

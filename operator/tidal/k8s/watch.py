@@ -41,6 +41,7 @@ from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
 OwnerKey = tuple[str, str | None, str]
 _LISTING: Any = object()  # the kind of a queued full listing
+_FORGET: Any = object()  # the kind of a queued phantom (an object a fresh LIST no longer has)
 
 
 class WatchCache:
@@ -74,6 +75,8 @@ class WatchCache:
         self._last_members: dict[str, Membership] | None = None
         self.membership_version = 0
         self._events: collections.deque[tuple[Any, Any, Any]] = collections.deque()
+        self._gone: dict[tuple[str, Any], Any] = {}
+        """(kind, key) -> the view of an object found deleted behind the watch's back (`forget`)."""
 
     # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
     def feed(self, kind: str, key: Any, view: Any) -> None:
@@ -86,6 +89,15 @@ class WatchCache:
         holds: events must be fed only after the listing's source has them, see k8s/handlers.py)."""
         self._events.append((_LISTING, None, state))
 
+    def forget(self, phantoms: Iterable[tuple[str, Any, Any]]) -> None:
+        """Queue (kind, key, view) of objects a fresh LIST no longer has though the watch never
+        said they were deleted (kopf lists again after a 410 Gone or a peering pause, and keeps
+        what the new list lacks in its indices). Each is dropped where the cache still holds that
+        very view, and kept out of every later listing copied from those indices; a new object
+        under the same key comes with a new view, and stays."""
+        for kind, key, view in phantoms:
+            self._events.append((_FORGET, (kind, key), view))
+
     @property
     def queued(self) -> int:
         return len(self._events)
@@ -93,13 +105,30 @@ class WatchCache:
     def drain(self) -> int:
         """Apply what was queued when the drain began (in order); returns the events applied."""
         batch = [self._events.popleft() for _ in range(len(self._events))]
+        for kind, key, view in batch:
+            if kind is _FORGET:  # wherever it was queued: a listing after it must not bring it back
+                self._gone[key] = view
         last = max((i for i, (kind, _, _) in enumerate(batch) if kind is _LISTING), default=None)
         if last is not None:
             self.sync(batch[last][2])
             batch = batch[last + 1 :]
         for kind, key, view in batch:
-            self.apply(kind, key, view)
+            if kind is not _FORGET:
+                self.apply(kind, key, view)
+            elif self._tables()[key[0]].get(key[1]) is view:
+                self.apply(key[0], key[1], None)
         return len(batch)
+
+    def _tables(self) -> dict[str, dict[Any, Any]]:
+        return {
+            "node": self.nodes,
+            "pod": self.pods,
+            "supernode": self.supernodes,
+            "job": self.jobs,
+            "pool": self.pools,
+            "priorityclass": self.priority_classes,
+            "quota": self.quotas,
+        }
 
     def apply(self, kind: str, key: Any, view: Any) -> None:
         if kind == "node":
@@ -130,7 +159,8 @@ class WatchCache:
             raise ValueError(f"unknown kind {kind}")
 
     def sync(self, state: ClusterState) -> None:
-        """Bring the cache to `state` (a full listing), applying only the differences."""
+        """Bring the cache to `state` (a full listing), applying only the differences; objects
+        known to be gone (`forget`) are not in it, whatever the listing says."""
         for kind, mine, theirs in (
             ("node", self.nodes, state.nodes),
             ("pod", self.pods, state.pods),
@@ -140,6 +170,12 @@ class WatchCache:
             ("priorityclass", self.priority_classes, state.priority_classes),
             ("quota", self.quotas, state.quotas),
         ):
+            gone = {k: v for (gone_kind, k), v in self._gone.items() if gone_kind == kind}
+            if gone:
+                for key, view in gone.items():
+                    if theirs.get(key) is not view:  # a new object under that key, or none left
+                        del self._gone[(kind, key)]
+                theirs = {k: v for k, v in theirs.items() if k not in gone or gone[k] is not v}
             for key in [k for k in mine if k not in theirs]:
                 self.apply(kind, key, None)
             for key, view in theirs.items():
