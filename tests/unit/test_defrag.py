@@ -14,6 +14,7 @@ from tidal.placement import GangRequest, PlacementPlan, RunningGang, apply_plan,
 from tidal.placement import defrag as defrag_module
 from tidal.placement.defrag import DefragPlan, MovableGang, plan_defrag, stranded_free_gpus
 from tidal.topology import ClusterSnapshot, build_fleet, snapshot_from_fleet
+from tidal.topology.snapshot import NodeState, SupernodeState
 
 from .strategies import snapshots
 from .test_placement_properties import check_plan, held
@@ -533,3 +534,27 @@ def test_fragmented_racks_give_the_invariants_plans_and_shrinks_to_check(exact, 
         monkeypatch.setattr(defrag_module, "EXACT_MAX_OPTIONS", 0)
     blocked, planned, shrinks = defrag_on_fragmented(seed=7)
     assert planned >= blocked // 3 and shrinks >= 15, (blocked, planned, shrinks)
+
+
+def test_a_plan_beyond_the_closest_supernodes_is_found_when_theirs_cannot_move():
+    """Racks A-D each need one move (a job that fits nowhere else); rack E needs two moves of
+    4-GPU jobs that do fit elsewhere (one free node on F and on G). The ranking puts A-D first:
+    a planner that only looks at the closest supernodes' gangs finds nothing."""
+    supernodes, nodes = [], []
+    for name, allocated in [*((s, (4, 4, 4, 4)) for s in "ABCDE"), *((s, (0, 4, 4, 4)) for s in "FG")]:
+        members = [f"{name}-n{i}" for i in range(4)]
+        supernodes.append(SupernodeState(name, "g", members, "b0"))
+        nodes += [NodeState(n, name, 4, a) for n, a in zip(members, allocated, strict=True)]
+    snap = ClusterSnapshot(supernodes, nodes)
+    running = []
+    for s in "ABCD":  # one 8-GPU group on n2, n3: to move it, it would need 8 free GPUs on one rack
+        gang = RunningGang(f"x-{s}", 0, True, (((f"{s}-n2", 4), (f"{s}-n3", 4)),))
+        running.append(MovableGang(gang, GangRequest(gang.name, 1, 8, 4, "g")))
+    for i, node in ((1, "E-n2"), (2, "E-n3")):
+        gang = RunningGang(f"y{i}", 0, True, (((node, 4),),))
+        running.append(MovableGang(gang, GangRequest(gang.name, 1, 4, 4, "g")))
+    request = GangRequest("big", 1, 8, 4, "g", priority=1)
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None, "two moves on E make room"
+    assert sorted(m.eviction.gang for m in plan.moves) == ["y1", "y2"] and plan.placement.supernodes == {"E"}
+    check(snap, request, running, plan)

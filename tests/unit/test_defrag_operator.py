@@ -125,8 +125,8 @@ def test_moves_stay_within_the_disruption_budget():
     reason, message = _reason(cluster, "whole-rack")
     assert reason == "InsufficientFreeCapacity", "a 16-GPU move exceeds 8"
     assert message.endswith(
-        "; defragmentation found no plan: no 8 or fewer moves of preemptible jobs of priority <= 1 within the "
-        "8 GPUs the hourly disruption budget still allows make room with every moved job fitting again"
+        "; defragmentation found no plan of 8 or fewer moves of preemptible jobs of priority <= 1 within the "
+        "8 GPUs the hourly disruption budget still allows that makes room with every moved job fitting again"
     ), message
     assert not any(cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction") for i in range(RACKS))
 

@@ -488,8 +488,8 @@ def _defragment(
         cap = move_cap(request, blocked.groups_fitting_now)
         within = "" if budget is None else f" within the {budget} GPUs the hourly disruption budget still allows"
         return (
-            f"; defragmentation found no plan: no {cap} or fewer moves of preemptible jobs of priority <= "
-            f"{request.priority}{within} make room with every moved job fitting again"
+            f"; defragmentation found no plan of {cap} or fewer moves of preemptible jobs of priority <= "
+            f"{request.priority}{within} that makes room with every moved job fitting again"
         )
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
     groups = f"{request.groups} group(s) of {request.group_gpus} GPUs"

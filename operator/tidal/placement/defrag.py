@@ -19,18 +19,22 @@ DP replicas, never below minDP) that is then placed again elsewhere. The rule fo
 
 Objective, lexicographic: fewest moves (gangs touched), then fewest GPUs moved.
 
-Search. Supernodes are ranked by how little must move to free one more group's worth there
-(fewest gangs, then fewest GPUs, counted in pod slots on their nodes); the gangs on the best few
-are the candidates. When they are few (<= `EXACT_MAX_OPTIONS` options), every set of 1, 2, ...
-moves is enumerated in (moves, GPUs) order, counted in pod slots (cheap), and the first set that
-passes the full check (request placed, every moved gang re-placed) is the answer: within the
-candidates it is exact. Above that, or when the enumeration would exceed `EXACT_MAX_SETS`, a
-greedy adds the cheapest supernode's clearing moves until the request fits (going up to twice the
-cap on moves), then prunes every move it can do without (most GPUs first); a plan still above the
-cap is none.
+Search. Supernodes are ranked by how little must move to free one more group's worth there (fewest
+gangs, then fewest GPUs, counted in pod slots on their nodes); the gangs on the best few are the
+candidates, and every movable gang is when those give no plan. When the options are few (<=
+`EXACT_MAX_OPTIONS` options), every set of 1, 2, ... moves is enumerated in (moves, GPUs) order,
+counted in pod slots (cheap), and the first set that passes the full check (request placed, every
+moved gang re-placed) is the answer: within the candidates it is exact. Above that, or when the
+enumeration would exceed `EXACT_MAX_SETS`, a greedy adds the cheapest supernode's clearing moves
+until the request fits (going up to twice the cap on moves), then prunes every move it can do
+without (most GPUs first); a plan still above the cap is none.
 
 Options per gang: suspend it whole, or (elastic) the smallest top-replica shrink that clears it off
-a supernode it holds; intermediate shrinks are never better for freeing a given supernode.
+a supernode it holds. A shrink that frees only part of a supernode is not an option, though it can
+be what a group needs (3 replicas of 4 GPUs on one rack, an 8-GPU group: giving back 2 would do,
+the planner moves the whole gang, or finds nothing if the budget allows only 8 GPUs): each
+intermediate level is one more option per elastic gang, and the exact search's reach is counted in
+options.
 
 The planner never changes the caller's snapshot: it books and releases on it while checking and
 restores every node's allocation exactly before it returns.
@@ -311,13 +315,21 @@ class _Planner:
     # -- search -------------------------------------------------------------------------------
     def solve(self) -> DefragPlan | None:
         candidates = self._candidates()
-        if not candidates:
+        plan = self._solve_among(candidates)
+        if plan is None and len(candidates) < len(self.options):
+            # The closest supernodes' gangs could not do it (say, none of them fits anywhere
+            # else): a plan may still clear a supernode further down the ranking.
+            plan = self._solve_among(self.options)
+        return plan
+
+    def _solve_among(self, options: list[_Option]) -> DefragPlan | None:
+        if not options:
             return None
-        if len(candidates) <= EXACT_MAX_OPTIONS:
-            found = self._exact(candidates)
+        if len(options) <= EXACT_MAX_OPTIONS:
+            found = self._exact(options)
             if found is not False:
                 return found
-        return self._greedy(candidates)
+        return self._greedy(options)
 
     def _clearing(self, sn: str, taken: set[int], allowed: set[int] | None = None) -> list[_Option] | None:
         """Fewest options (largest release on `sn` first) that give `sn` one more group, from gangs
