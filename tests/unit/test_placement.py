@@ -26,6 +26,22 @@ def test_mixed_fleet_snapshot_counts():
     assert snap.largest_free_slice("hgx8-0003") == 8
 
 
+def test_a_node_added_before_its_supernode_is_counted_once_listed_or_not():
+    snap = ClusterSnapshot()
+    snap.add_node(NodeState("listed", "A", 8))
+    snap.add_node(NodeState("unlisted", "A", 8))
+    snap.add_supernode(SupernodeState("A", "g", ["listed"]))
+    assert snap.supernodes["A"].nodes == ["listed", "unlisted"]
+    snap.update_node("unlisted", allocated=4)
+    assert snap.free_gpus() == 12 and snap.largest_free_slice("A") == 12 and snap.pod_slots("A", 4) == 3
+
+
+def test_a_supernode_may_not_list_another_supernodes_node():
+    snap = ClusterSnapshot([SupernodeState("B", "g", ["m"])], [NodeState("m", "B", 8)])
+    with pytest.raises(ValueError, match="supernode C lists node m, which belongs to B"):
+        snap.add_supernode(SupernodeState("C", "g", ["m"]))
+
+
 def test_moe_job_on_nvl72_keeps_each_group_in_one_rack():
     snap = mixed_snapshot()
     # tp=4, ep=16 -> 64-GPU groups; pp=2, dp=2 -> 4 groups, one per rack.

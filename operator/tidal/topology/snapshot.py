@@ -92,8 +92,14 @@ class ClusterSnapshot:
         self._bucket(sn.name, 0, +1)
         self.shape_version += 1
         for name in members:
-            if name in self.nodes:
-                self._attach(self.nodes[name])
+            node = self.nodes.get(name)
+            if node is not None and node.supernode != sn.name:
+                raise ValueError(f"supernode {sn.name} lists node {name}, which belongs to {node.supernode}")
+        # Nodes added before their supernode join it, listed or not, as add_node would have them:
+        # a node left out would still be counted by later updates, and the counts would drift.
+        waiting = [n for n in self.nodes.values() if n.supernode == sn.name and n.name not in members]
+        for node in [*(self.nodes[m] for m in members if m in self.nodes), *waiting]:
+            self._attach(node)
 
     def add_node(self, node: NodeState) -> None:
         if node.name in self.nodes:
