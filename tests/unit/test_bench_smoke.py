@@ -7,6 +7,10 @@ brute-force minimum on the quick instances.
 
 import pytest
 from bench.placement import run_all
+from bench.preemption_cap import SETTINGS, SHIPPED
+from bench.preemption_cap import run as run_preemption_cap
+
+import tidal.placement.preemption as preemption
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,3 +36,12 @@ def test_placement_bench_quick_prints_every_field():
     assert result["churn_split_groups_constrained_first_fit"] == [0]
     assert result["preemption_worst_excess_ratio"] == 1.0
     assert result["hbd_split_groups"] == 0
+
+
+def test_preemption_cap_bench_quick_runs_and_puts_the_caps_back():
+    result = run_preemption_cap([1], 8)
+    assert result["instances"] > 0
+    assert (preemption._EXACT_MAX_NODES, preemption._EXACT_MAX_WORK) == SHIPPED
+    for name in SETTINGS:
+        assert result[f"{name}_worst_ratio"] >= 1.0, "no capped plan below the uncapped search's minimum"
+        assert result[f"{name}_max_ms"] >= result[f"{name}_p50_ms"]

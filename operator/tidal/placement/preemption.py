@@ -59,9 +59,9 @@ _PARTIAL_CREDIT = 0.5
 """What a supernode one slot short of its next group is worth at most, in groups (< 1: finished groups win)."""
 _EXACT_MAX_GANGS = 40
 """Branch and bound when at most this many gangs can matter; above, the heuristic alone."""
-_EXACT_MAX_NODES = 5_000
+_EXACT_MAX_NODES = 20_000
 """Search nodes the branch and bound may explore before it settles for the best plan found."""
-_EXACT_MAX_WORK = 50_000
+_EXACT_MAX_WORK = 200_000
 """Node updates (released GPUs applied or taken back) the branch and bound may spend likewise."""
 _IMPROVE_ATTEMPTS = 24
 """Victims the improvement pass tries to replace (the most expensive first), when every candidate may replace them."""
