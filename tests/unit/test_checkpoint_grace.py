@@ -1,6 +1,6 @@
-"""The checkpoint grace period starts when the request is seen on the job and every pod, not when
-the eviction was decided: an operator down for longer than the grace period in between must still
-ask, and wait, before it deletes anything."""
+"""The checkpoint grace period starts when the operator first sends the request to the job and its
+pods, not when the eviction was decided: an operator down for longer than the grace period in
+between must still ask, and wait, before it deletes anything."""
 
 import datetime as dt
 
@@ -27,7 +27,7 @@ def preempting(cluster: FakeCluster, clock: FixedClock) -> Controller:
     cluster.add("TrainingJob", "ml", "high", {**BASE, "dp": 1, "priorityClassName": "high"})
     run(cluster, controller, cycles=1)
     eviction = cluster.status("TrainingJob", "ml", "low")["eviction"]
-    assert eviction["reason"] == "Preempted" and "deadline" not in eviction
+    assert eviction["reason"] == "Preempted" and "askedAt" not in eviction
     return controller
 
 
@@ -69,16 +69,25 @@ def test_an_operator_down_past_the_grace_period_still_asks_and_waits_before_it_e
     assert "pods deleted after the grace period without checkpoint-done" in preempted_message(cluster)
 
 
-def test_a_request_never_seen_on_a_pod_never_starts_the_grace_period():
+def test_a_request_a_pod_refuses_delays_nothing_past_the_grace_period_and_is_reported():
+    """A webhook refusing the pods' annotation must not hold the preemptor for ever: the grace
+    period runs from the first time the request was sent, and the eviction says who never got it."""
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
     controller = preempting(cluster, clock)
-    cluster.annotate_pod = lambda namespace, name, annotations: None  # written nowhere (say, a webhook drops it)
-    for _ in range(4):
-        clock.advance(seconds=GRACE)
-        run(cluster, controller)
-    assert len(low_pods(cluster)) == 16, "no pod deleted without the request having reached it"
-    assert "askedAt" not in cluster.status("TrainingJob", "ml", "low")["eviction"]
+    cluster.annotate_pod = lambda namespace, name, annotations: None  # written nowhere
+    run(cluster, controller, cycles=1)
+    sent = parse_time(cluster.status("TrainingJob", "ml", "low")["eviction"]["askedAt"])
+    assert sent == clock.now()
+    clock.advance(seconds=GRACE - 1)
+    run(cluster, controller)
+    assert len(low_pods(cluster)) == 16, "inside the grace period"
+    clock.advance(seconds=2)
+    cluster.calls.clear()
+    run(cluster, controller)
+    assert not low_pods(cluster)
+    warnings = [d for v, d in cluster.calls if v == "event" and d[1] == "CheckpointRequestNotDelivered"]
+    assert warnings and "pod low-0" in warnings[0][2], warnings
 
 
 def test_checkpoint_done_evicts_at_once_even_before_the_grace_period_starts():

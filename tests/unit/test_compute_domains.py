@@ -719,7 +719,7 @@ def test_a_half_tray_workload_is_refused_before_any_eviction_even_where_holes_wo
     cluster.add("TrainingJob", "ml", "half", spec)
     cluster.add("TrainingJob", "ml", "whole", {**spec, "gpusPerPod": 4})  # the same, on whole trays
     cluster.add("InferencePool", "ml", "chat", {**SERVE, "tp": 6, "gpusPerPod": 2, "replicas": 1})
-    run(cluster, controller, cycles=5)  # the eviction waits one cycle to see its request delivered
+    run(cluster, controller, cycles=4)
     half = cluster.status("TrainingJob", "ml", "half")
     assert half["phase"] == "Pending" and "placement" not in half
     assert any(c.get("reason") == "ComputeDomainPodsShareNode" for c in half["conditions"])

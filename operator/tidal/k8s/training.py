@@ -685,14 +685,17 @@ def start_eviction(
     """Record the eviction; the job and its pods are asked to checkpoint from the next cycle on.
 
     The intent goes to the status first (the caller writes it), the annotations follow and are
-    re-checked every cycle. The grace period starts only once every annotation is seen in place
+    re-checked every cycle. The grace period starts at the cycle that first sends them
     (`askedAt`), not here: an operator down for longer than the grace period between this cycle
-    and the next would otherwise delete the pods in the very cycle that first asks.
+    and the next would otherwise delete the pods in the very cycle that first asks. The deadline
+    written here is a placeholder that cycle replaces; it keeps the field an older operator
+    reads (a rollback) in place.
     """
     if status.get("eviction"):
         return status
     grace = _grace_seconds(view)
     requested = cyc.stamp
+    placeholder = rfc3339(cyc.now + dt.timedelta(seconds=grace))
     what = f"replicas {replicas}" if replicas else "the whole job"
     cyc.event(
         view, "CheckpointRequested", f"{reason} by {by}: checkpoint requested before evicting {what} (grace {grace}s)"
@@ -700,7 +703,13 @@ def start_eviction(
     cyc.count(f"checkpoint_requests:{reason}")
     return {
         **status,
-        "eviction": {"reason": reason, "by": by, "requestedAt": requested, "replicas": replicas},
+        "eviction": {
+            "reason": reason,
+            "by": by,
+            "requestedAt": requested,
+            "deadline": placeholder,
+            "replicas": replicas,
+        },
         "conditions": set_condition(
             status.get("conditions", []), "CheckpointRequested", True, reason, f"{reason} by {by}", requested
         ),
@@ -711,18 +720,18 @@ def _grace_seconds(view: ResourceView) -> int:
     return int((view.spec.get("checkpoint") or {}).get("gracePeriodSeconds", 300))
 
 
-def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> bool:
-    """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent); True
-    when every one of them was already seen in place, so nothing had to be sent."""
-    asked = True
+def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> list[str]:
+    """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent); returns
+    the objects it is not yet seen on (sent again now)."""
+    unseen = []
     if view.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
         cyc.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
-        asked = False
-    for pod in pods.values():
+        unseen.append(view.ref)
+    for pod in sorted(pods.values(), key=lambda p: p.name):
         if pod.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
             cyc.annotate("Pod", pod.namespace, pod.name, {labels.CHECKPOINT_REQUESTED: requested})
-            asked = False
-    return asked
+            unseen.append(f"pod {pod.name}")
+    return unseen
 
 
 def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
@@ -735,11 +744,11 @@ def _continue_eviction(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView]
 ) -> dict[str, Any]:
     eviction = status["eviction"]
-    asked = _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
+    unseen = _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
     done = checkpoint_done(view, eviction["requestedAt"])
-    if not done and not eviction.get("askedAt"):
-        if not asked:
-            return status  # the grace period has not started: the request is not yet seen everywhere
+    if not eviction.get("askedAt"):
+        # The first cycle that sends the request (or finds it in place): the grace period starts
+        # now, so time the operator was down since the decision is never counted as waiting.
         deadline = rfc3339(cyc.now + dt.timedelta(seconds=_grace_seconds(view)))
         eviction = {**eviction, "askedAt": cyc.stamp, "deadline": deadline}
         status = {**status, "eviction": eviction}
@@ -749,6 +758,14 @@ def _continue_eviction(
     waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
     cyc.checkpoint_waits.append(waited)
     how = "after checkpoint-done" if done else "after the grace period without checkpoint-done"
+    if not done and unseen:
+        cyc.event(
+            view,
+            "CheckpointRequestNotDelivered",
+            f"the checkpoint request never showed on {', '.join(unseen[:10])}"
+            f"{' ...' if len(unseen) > 10 else ''} within the grace period (annotation refused?); evicting anyway",
+            warning=True,
+        )
     replicas = eviction.get("replicas") or []
     conditions = set_condition(status.get("conditions", []), "CheckpointRequested", False, "Evicted", how, cyc.stamp)
     shape = shape_of(view, status)

@@ -193,7 +193,8 @@ class EvictionStatus(ApiModel):
     requested_at: str = Field(description="Value of the tidal.dev/checkpoint-requested annotation.")
     asked_at: str | None = Field(
         default=None,
-        description="When the annotation was first seen on the job and every pod; the grace period starts here.",
+        description="When the operator first sent the annotation to the job and its pods; the grace period "
+        "starts here.",
     )
     deadline: str | None = Field(
         default=None, description="When pods are deleted even without checkpoint-done: askedAt plus the grace period."
