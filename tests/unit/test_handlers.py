@@ -214,9 +214,16 @@ def test_the_first_tick_after_a_start_is_logged_once():
 
 def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
     """kopf lists again after a 410 Gone or a peering pause and keeps in its index what the new
-    list lacks: the audit's LIST finds it gone, the cache forgets it, and the next copy of the
-    indices (which still hold it) does not bring it back; a new node of that name does come back."""
+    list lacks: the audit's LIST finds it gone, the cache forgets it (though the cache holds an
+    older, equal view of it than the index), it is reported once, the next copy of the indices
+    (which still hold it) does not bring it back, and a new node of that name does come back."""
     cluster, controller, sim, (first, second) = setup(2)
+
+    async def audit() -> None:
+        controller._next_audit = 0.0
+        await sim.tick("supernodes", first)
+        await asyncio.gather(*handlers._audits)
+        await sim.tick("supernodes", first)
 
     async def scenario() -> None:
         await list_nodes(cluster, sim)
@@ -227,23 +234,30 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
         gone = next(
             n for n in sorted(cluster.nodes) if cluster.nodes[n].labels.get("tidal.dev/supernode") == "nvl72-0000"
         )
+        await sim.event("nodes", node_body(cluster.nodes[gone]))  # a heartbeat: an equal view, a new object
+        await sim.tick("supernodes", first)
         view = cluster.nodes.pop(gone)  # deleted while the watch was down: no DELETED event, ever
+        controller._next_audit = float("inf")
         await list_nodes(cluster, sim)  # kopf's list after the 410: the others again, as type None
+        assert controller.relisted == {"node"}
 
         controller._next_resync = 0.0  # a copy of the indices: they still hold it
         await sim.tick("supernodes", first)
         assert gone in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 72
 
-        controller._next_audit = 0.0
-        await sim.tick("supernodes", first)
-        await asyncio.gather(*handlers._audits)
-        await sim.tick("supernodes", first)
+        with structlog.testing.capture_logs() as logs:
+            await audit()
         assert gone not in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 68
+        assert [e["objects"] for e in logs if e["event"].startswith("objects deleted")] == [[f"node {gone}"]]
 
         controller._next_resync = 0.0
         await sim.tick("supernodes", first)
         assert gone not in controller.cache.nodes, "the copy of the indices did not bring it back"
         assert gpus_total(cluster, "nvl72-0000") == 68
+        await list_nodes(cluster, sim)  # another re-list, another audit: nothing new to report
+        with structlog.testing.capture_logs() as logs:
+            await audit()
+        assert not [e for e in logs if e["event"].startswith("objects deleted")]
 
         cluster.nodes[gone] = view  # a node of that name joins again: a watch event, a new view
         await sim.event("nodes", node_body(view))
@@ -256,8 +270,14 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
     asyncio.run(scenario())
 
 
-def test_an_audit_leaves_alone_what_the_list_still_has_and_survives_a_failed_list():
+def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
     cluster, controller, sim, (first, second) = setup(2)
+
+    async def audit() -> None:
+        controller._next_audit = 0.0
+        await sim.tick("supernodes", first)
+        await asyncio.gather(*handlers._audits)
+        await sim.tick("supernodes", first)
 
     async def scenario() -> None:
         await list_nodes(cluster, sim)
@@ -265,23 +285,23 @@ def test_an_audit_leaves_alone_what_the_list_still_has_and_survives_a_failed_lis
             await sim.event("supernodes", body)
         await sim.tick("supernodes", first)
         nodes = set(controller.cache.nodes)
+        some = next(iter(sorted(cluster.nodes)))
+        await sim.event("nodes", node_body(cluster.nodes[some]), type="MODIFIED")  # a watch event, no re-list
+        await audit()
+        assert not [c for c in cluster.calls if c[0] == "list_keys"], "nothing was listed again: no LIST"
 
         def refused(kind: str) -> set[Any]:
             raise RuntimeError("503")
 
         cluster.list_keys = refused  # type: ignore[method-assign]
-        controller._next_audit = 0.0
-        await sim.tick("supernodes", first)
-        await asyncio.gather(*handlers._audits)
-        await sim.tick("supernodes", first)
-        assert set(controller.cache.nodes) == nodes
+        await list_nodes(cluster, sim)
+        await audit()
+        assert set(controller.cache.nodes) == nodes and controller.relisted == {"node"}, "tried again later"
 
         del cluster.list_keys
-        controller._next_audit = 0.0
-        await sim.tick("supernodes", first)
-        await asyncio.gather(*handlers._audits)
-        await sim.tick("supernodes", first)
+        await audit()
         assert set(controller.cache.nodes) == nodes and set(controller.cache.supernodes) == {"nvl72-0000", "nvl72-0001"}
-        assert ("list_keys", "node") in cluster.calls
+        assert [c for c in cluster.calls if c[0] == "list_keys"] == [("list_keys", "node")], "only the kind re-listed"
+        assert not controller.relisted
 
     asyncio.run(scenario())

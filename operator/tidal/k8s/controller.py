@@ -100,8 +100,10 @@ class Controller:
         """When the last cycle ended (or the controller was made): /healthz checks its age."""
         self._next_resync = 0.0
         """When the cache is next brought to a full listing (0: at the first tick)."""
-        self._next_audit: float | None = None
-        """When the kopf indices are next checked against a fresh LIST (None: one interval from now)."""
+        self.relisted: set[str] = set()
+        """Cache kinds kopf listed again since the last index audit (`handlers._feed`)."""
+        self._next_audit = 0.0
+        """When the kopf indices may next be checked against a fresh LIST (0: at once)."""
         self.failures = 0
         """Cycles failed in a row (reset by one that finishes)."""
         self._stuck_logged = 0.0
@@ -166,11 +168,9 @@ class Controller:
         return True
 
     def audit_due(self) -> bool:
-        """True once per `resync_seconds`, from one interval after the first call: time to look for
-        objects deleted while a watch was down (`handlers.audit_indices`)."""
+        """True at most once per `resync_seconds`: time to look for objects deleted while a watch
+        was down (`handlers.audit_indices`), asked only once kopf listed some kind again."""
         now = time.monotonic()
-        if self._next_audit is None:
-            self._next_audit = now + self.settings.resync_seconds
         if now < self._next_audit:
             return False
         self._next_audit = now + self.settings.resync_seconds

@@ -104,6 +104,10 @@ def _indexed(memo: kopf.Memo, view: Any) -> Any:
 def _feed(memo: kopf.Memo, event: dict[str, Any], kind: str, key: Any, make: Any, body: kopf.Body) -> None:
     """Queue this event for the cache: the indexed view, or None when the object was deleted."""
     view = memo.pop(_VIEW, None)
+    if event.get("type") is None and memo.controller.last_tick:
+        # Seen by a listing after the first tick: kopf listed this kind again (a 410 Gone, a
+        # peering resume), and may have kept objects the new list lacks (see audit_indices).
+        memo.controller.relisted.add(kind)
     if event.get("type") == "DELETED":
         view = None
     elif view is None:  # the index function failed (kopf logged it): the cache still learns the change
@@ -236,12 +240,15 @@ async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     if not controller.claim():
         return
     indices = {k: v for k, v in kwargs.items() if k.startswith("tidal_")}
+    copy = None
     if controller.resync_due():
         # A full copy of the indices (at the first tick, then rarely), queued for the cycle: it
         # supersedes the events queued before it, which are all in it (fed after kopf indexed them).
-        controller.cache.resync(state_from(indices))
-    if controller.audit_due() and not _audits:
-        task = asyncio.create_task(audit_indices(controller, indices))
+        copy = state_from(indices)
+        controller.cache.resync(copy)
+    if controller.relisted and not _audits and controller.audit_due():
+        kinds, controller.relisted = set(controller.relisted), set()
+        task = asyncio.create_task(audit_indices(controller, copy or state_from(indices), kinds))
         _audits.add(task)  # a reference, so the task is not collected while it runs
         task.add_done_callback(_audits.discard)
     # Planning is CPU-bound Python: a worker thread keeps kopf's watches, probes and peering going.
@@ -262,25 +269,28 @@ AUDITED = {
 """The watch cache's kinds, and the ClusterState table holding each."""
 
 
-async def audit_indices(controller: Controller, indices: dict[str, kopf.Index]) -> None:
+async def audit_indices(controller: Controller, before: ClusterState, kinds: set[str]) -> None:
     """Drop from the cache what the API server no longer has though no watch said it was deleted.
 
     kopf lists again after a 410 Gone or a peering pause, and an object deleted in between gets
     no DELETED event: kopf keeps it in its index for good (a node that is gone stays Ready in the
     snapshot; a job's placement stays booked). So now and then the keys of every watched kind are
     listed (metadata only) and what the indices held before that LIST began but the LIST lacks is
-    forgotten (`WatchCache.forget`): it was deleted by the time the LIST was served."""
-    before = state_from(indices)  # on the event loop, as the LIST begins
+    forgotten (`WatchCache.forget`): it was deleted by the time the LIST was served. `before` is a
+    copy of the indices made on the event loop as the LIST begins. Only the kinds kopf listed
+    again since the last audit (`kinds`, from `_feed`) are listed: a LIST of every pod of a large
+    cluster is not free, and without a re-list nothing can be left behind."""
     try:
-        listed = await asyncio.to_thread(lambda: {kind: controller.api.list_keys(kind) for kind in AUDITED})
+        listed = await asyncio.to_thread(lambda: {kind: controller.api.list_keys(kind) for kind in kinds})
     except Exception as e:  # the next audit tries again; the cache is no worse than before
         log.warning("index audit failed", error=f"{type(e).__name__}: {e}")
+        controller.relisted |= kinds
         return
     phantoms = [
         (kind, key, view)
-        for kind, table in AUDITED.items()
-        for key, view in getattr(before, table).items()
-        if key not in listed[kind]
+        for kind in sorted(kinds)
+        for key, view in getattr(before, AUDITED[kind]).items()
+        if key not in listed[kind] and not controller.cache.known_gone(kind, key, view)
     ]
     if phantoms:
         gone = sorted(f"{kind} {key}" for kind, key, _ in phantoms)

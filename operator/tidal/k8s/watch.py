@@ -98,6 +98,10 @@ class WatchCache:
         for kind, key, view in phantoms:
             self._events.append((_FORGET, (kind, key), view))
 
+    def known_gone(self, kind: str, key: Any, view: Any) -> bool:
+        """True when this very object was already forgotten (kopf's index keeps it for good)."""
+        return self._gone.get((kind, key)) is view
+
     @property
     def queued(self) -> int:
         return len(self._events)
@@ -115,7 +119,7 @@ class WatchCache:
         for kind, key, view in batch:
             if kind is not _FORGET:
                 self.apply(kind, key, view)
-            elif self._tables()[key[0]].get(key[1]) is view:
+            elif self._tables()[key[0]].get(key[1]) == view:  # an equal update keeps the cache's older object
                 self.apply(key[0], key[1], None)
         return len(batch)
 
