@@ -21,7 +21,8 @@ Objective, lexicographic: fewest moves (gangs touched), then fewest GPUs moved.
 
 Search. Supernodes are ranked by how little must move to free one more group's worth there (fewest
 gangs, then fewest GPUs, counted in pod slots on their nodes); the gangs on the best few are the
-candidates, and every movable gang is when those give no plan. When the options are few (<=
+candidates; when those give no plan, every movable gang if the options are few, else the next
+windows of as many supernodes down the ranking (`FALLBACK_WINDOWS`). When the options are few (<=
 `EXACT_MAX_OPTIONS` options), every set of 1, 2, ... moves is enumerated in (moves, GPUs) order,
 counted in pod slots (cheap), and the first set that passes the full check (request placed, every
 moved gang re-placed) is the answer: within the candidates it is exact. Above that, or when the
@@ -61,6 +62,9 @@ MAX_MOVES = 8
 """No plan moves more gangs than this, or twice the groups missing if more (each is a checkpoint and a restart)."""
 EXTRA_SUPERNODES = 3
 """Candidate supernodes beyond the number of groups missing."""
+FALLBACK_WINDOWS = 8
+"""When the closest candidates give no plan: windows of as many supernodes down the ranking tried,
+the first included (so a blocked gang's failed search costs at most this many)."""
 
 
 @dataclass(frozen=True)
@@ -314,13 +318,26 @@ class _Planner:
 
     # -- search -------------------------------------------------------------------------------
     def solve(self) -> DefragPlan | None:
-        candidates = self._candidates()
-        plan = self._solve_among(candidates)
-        if plan is None and len(candidates) < len(self.options):
-            # The closest supernodes' gangs could not do it (say, none of them fits anywhere
-            # else): a plan may still clear a supernode further down the ranking.
-            plan = self._solve_among(self.options)
-        return plan
+        width = self.request.groups - self.fitting_now + EXTRA_SUPERNODES
+        ranked = [sn for _, sn, _ in self._ranked_supernodes(set())]
+        plan = self._solve_among(self._options_on(ranked[:width]))
+        if plan is not None:
+            return plan
+        # The closest supernodes' gangs could not do it (say, none of them fits anywhere else): a
+        # plan may still clear a supernode further down the ranking. Every option at once when
+        # that is small enough to search exactly; else the next windows of the ranking one by one
+        # (a greedy over all of them would rank the same supernodes first and fail the same way).
+        if len(self.options) <= EXACT_MAX_OPTIONS:
+            return self._solve_among(self.options)
+        for start in range(width, min(len(ranked), width * FALLBACK_WINDOWS), width):
+            plan = self._solve_among(self._options_on(ranked[start : start + width]))
+            if plan is not None:
+                return plan
+        return None
+
+    def _options_on(self, supernodes: list[str]) -> list[_Option]:
+        gangs = {o.gang for sn in supernodes for _, o in self.on_sn[sn]}
+        return [o for o in self.options if o.gang in gangs]
 
     def _solve_among(self, options: list[_Option]) -> DefragPlan | None:
         if not options:
@@ -374,13 +391,6 @@ class _Planner:
                 ranked.append(((len(clearing), sum(o.gpus for o in clearing)), sn, clearing))
         ranked.sort(key=lambda t: (t[0], t[1]))
         return ranked
-
-    def _candidates(self) -> list[_Option]:
-        missing = self.request.groups - self.fitting_now
-        ranked = self._ranked_supernodes(set())
-        best = {sn for _, sn, _ in ranked[: missing + EXTRA_SUPERNODES]}
-        gangs = {o.gang for sn in best for _, o in self.on_sn[sn]}
-        return [o for o in self.options if o.gang in gangs]
 
     def _exact(self, options: list[_Option]) -> DefragPlan | bool | None:
         """The first verified set in (moves, GPUs) order; False when the enumeration is too large."""
