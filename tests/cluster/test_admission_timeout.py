@@ -8,6 +8,7 @@ import datetime as dt
 
 import yaml
 
+from ..evictions import rebalanced_past_grace
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
 from .test_operator import TEMPLATE, job, pods_of, status, submit, wait_phase
@@ -67,15 +68,7 @@ def test_surviving_pods_of_a_shrink_carry_the_new_world_size(
     for pod in pods_of(kube, namespace, "elastic"):  # the API server took the downward API volume
         assert pod["metadata"]["annotations"]["tidal.dev/world-size"] == "8"
         assert any(v["name"] == "tidal-world" for v in pod["spec"]["volumes"])
-    past = "2020-01-01T00:00:00Z"  # what the rebalancer writes once the request was seen, grace over
-    eviction = {
-        "reason": "Rebalanced",
-        "by": "test",
-        "requestedAt": past,
-        "askedAt": past,
-        "deadline": past,
-        "replicas": [1],
-    }
+    eviction = rebalanced_past_grace([1])
     kube.run(
         "patch", "trainingjob", "elastic", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", yaml.safe_dump({"status": {"eviction": eviction}}),

@@ -20,6 +20,7 @@ import yaml
 from tidal.k8s.compact import from_wire
 from tidal.k8s.compute_domains import RECHECK_SECONDS
 
+from ..evictions import rebalanced_past_grace
 from .kube import REPO, Kube, eventually
 from .operator_process import OperatorProcess
 from .test_operator import TEMPLATE, assert_gangs_sound, node_supernodes, pods_of, status, submit
@@ -200,18 +201,9 @@ def test_shrink_off_a_rack_deletes_its_domain_and_keeps_the_other(
 ):
     submit(kube, namespace, rack_job("elastic", dp=2, preemptible=True, elastic={"minDP": 1, "maxDP": 2}))
     rack_of = running_with_claims(kube, namespace, "elastic")
-    # What preemption or the rebalancer writes to give back DP replica 1 (k8s/training.py
-    # start_eviction, then the cycle that saw the request on the job and every pod), its grace
-    # period already over: the operator does the rest.
-    past = "2020-01-01T00:00:00Z"
-    eviction = {
-        "reason": "Rebalanced",
-        "by": "test",
-        "requestedAt": past,
-        "askedAt": past,
-        "deadline": past,
-        "replicas": [1],
-    }
+    # What preemption or the rebalancer writes to give back DP replica 1, its grace period long
+    # over: the operator does the rest.
+    eviction = rebalanced_past_grace([1])
     kube.run(
         "patch", "trainingjob", "elastic", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", yaml.safe_dump({"status": {"eviction": eviction}}),

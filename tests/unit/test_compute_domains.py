@@ -27,6 +27,7 @@ from tidal.placement.compute_domains import (
     template_name,
 )
 
+from ..evictions import rebalanced_past_grace
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE, run
 
@@ -231,15 +232,7 @@ def test_a_shrink_deletes_the_domain_of_the_rack_given_back_and_keeps_the_other(
     run(cluster, controller)
     status = cluster.status("TrainingJob", "ml", "moe")
     rack_of = {g["group"]: g["supernode"] for g in status["placement"]}
-    past = "2026-04-30T00:00:00Z"
-    eviction = {
-        "reason": "Rebalanced",
-        "by": "test",
-        "requestedAt": past,
-        "askedAt": past,
-        "deadline": past,
-        "replicas": [1],
-    }
+    eviction = rebalanced_past_grace([1])
     cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
     run(cluster, controller)
     status = cluster.status("TrainingJob", "ml", "moe")
@@ -503,15 +496,7 @@ def _shrunk_to_one_rack(cluster: FakeCluster, controller: Controller) -> tuple[s
     """Run a 2-rack elastic job, then give back DP replica 1: (kept rack, given-back rack)."""
     run(cluster, controller)
     rack_of = {g["group"]: g["supernode"] for g in cluster.status("TrainingJob", "ml", "moe")["placement"]}
-    past = "2026-04-30T00:00:00Z"
-    eviction = {
-        "reason": "Rebalanced",
-        "by": "test",
-        "requestedAt": past,
-        "askedAt": past,
-        "deadline": past,
-        "replicas": [1],
-    }
+    eviction = rebalanced_past_grace([1])
     cluster.patch_status("TrainingJob", "ml", "moe", {"eviction": eviction})
     return rack_of[0], rack_of[1]
 

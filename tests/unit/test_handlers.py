@@ -212,6 +212,22 @@ def test_the_first_tick_after_a_start_is_logged_once():
     assert [e["event"] for e in logs].count("first tick: timers running") == 1
 
 
+async def running(cluster: FakeCluster, sim: MiniKopf, *supernodes: dict[str, Any]) -> None:
+    """Nodes and supernodes listed, the first cycle run."""
+    await list_nodes(cluster, sim)
+    for body in supernodes:
+        await sim.event("supernodes", body)
+    await sim.tick("supernodes", supernodes[0])
+
+
+async def audit(controller: Controller, sim: MiniKopf, body: dict[str, Any]) -> None:
+    """An index audit now (if some kind was listed again), and the cycle that applies what it found."""
+    controller._next_audit = 0.0
+    await sim.tick("supernodes", body)
+    await asyncio.gather(*handlers._audits)
+    await sim.tick("supernodes", body)
+
+
 def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
     """kopf lists again after a 410 Gone or a peering pause and keeps in its index what the new
     list lacks: the audit's LIST finds it gone, the cache forgets it (though the cache holds an
@@ -219,17 +235,8 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
     (which still hold it) does not bring it back, and a new node of that name does come back."""
     cluster, controller, sim, (first, second) = setup(2)
 
-    async def audit() -> None:
-        controller._next_audit = 0.0
-        await sim.tick("supernodes", first)
-        await asyncio.gather(*handlers._audits)
-        await sim.tick("supernodes", first)
-
     async def scenario() -> None:
-        await list_nodes(cluster, sim)
-        for body in (first, second):
-            await sim.event("supernodes", body)
-        await sim.tick("supernodes", first)
+        await running(cluster, sim, first, second)
         assert gpus_total(cluster, "nvl72-0000") == 72
         gone = next(
             n for n in sorted(cluster.nodes) if cluster.nodes[n].labels.get("tidal.dev/supernode") == "nvl72-0000"
@@ -246,7 +253,7 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
         assert gone in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 72
 
         with structlog.testing.capture_logs() as logs:
-            await audit()
+            await audit(controller, sim, first)
         assert gone not in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 68
         assert [e["objects"] for e in logs if e["event"].startswith("objects deleted")] == [[f"node {gone}"]]
 
@@ -256,7 +263,7 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
         assert gpus_total(cluster, "nvl72-0000") == 68
         await list_nodes(cluster, sim)  # another re-list, another audit: nothing new to report
         with structlog.testing.capture_logs() as logs:
-            await audit()
+            await audit(controller, sim, first)
         assert not [e for e in logs if e["event"].startswith("objects deleted")]
 
         cluster.nodes[gone] = view  # a node of that name joins again: a watch event, a new view
@@ -273,21 +280,12 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
 def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
     cluster, controller, sim, (first, second) = setup(2)
 
-    async def audit() -> None:
-        controller._next_audit = 0.0
-        await sim.tick("supernodes", first)
-        await asyncio.gather(*handlers._audits)
-        await sim.tick("supernodes", first)
-
     async def scenario() -> None:
-        await list_nodes(cluster, sim)
-        for body in (first, second):
-            await sim.event("supernodes", body)
-        await sim.tick("supernodes", first)
+        await running(cluster, sim, first, second)
         nodes = set(controller.cache.nodes)
         some = next(iter(sorted(cluster.nodes)))
         await sim.event("nodes", node_body(cluster.nodes[some]), type="MODIFIED")  # a watch event, no re-list
-        await audit()
+        await audit(controller, sim, first)
         assert not [c for c in cluster.calls if c[0] == "list_keys"], "nothing was listed again: no LIST"
 
         def refused(kind: str) -> set[Any]:
@@ -295,11 +293,11 @@ def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
 
         cluster.list_keys = refused  # type: ignore[method-assign]
         await list_nodes(cluster, sim)
-        await audit()
+        await audit(controller, sim, first)
         assert set(controller.cache.nodes) == nodes and controller.relisted == {"node"}, "tried again later"
 
         del cluster.list_keys
-        await audit()
+        await audit(controller, sim, first)
         assert set(controller.cache.nodes) == nodes and set(controller.cache.supernodes) == {"nvl72-0000", "nvl72-0001"}
         assert [c for c in cluster.calls if c[0] == "list_keys"] == [("list_keys", "node")], "only the kind re-listed"
         assert not controller.relisted

@@ -10,6 +10,7 @@ from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller
 from tidal.k8s.manifests import WORLD_MOUNT, WORLD_VOLUME
 
+from ..evictions import rebalanced_past_grace
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE, run
 
@@ -44,15 +45,7 @@ def test_pods_start_with_the_world_files_and_survivors_of_a_shrink_learn_the_new
         env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
         assert env["WORLD_SIZE"] == "8"
 
-    past = "2026-04-30T00:00:00Z"
-    eviction = {
-        "reason": "Rebalanced",
-        "by": "test",
-        "requestedAt": past,
-        "askedAt": past,
-        "deadline": past,
-        "replicas": [1],
-    }
+    eviction = rebalanced_past_grace([1])
     cluster.patch_status("TrainingJob", "ml", "job", {"eviction": eviction})
     run(cluster, controller, cycles=3)
     assert cluster.status("TrainingJob", "ml", "job")["worldSize"] == 4
