@@ -74,6 +74,8 @@ class ClusterSnapshot:
         # Supernode -> workloads with GPUs booked there, as the snapshot's owner reports them (the
         # operator from placements, a benchmark from its running jobs); absent means none known.
         self.residents: Counter[str] = Counter()
+        # Supernode -> nodes added before it (attached when it is added).
+        self._unattached: dict[str, list[str]] = {}
         for sn in supernodes:
             self.add_supernode(sn)
         for node in nodes:
@@ -97,7 +99,8 @@ class ClusterSnapshot:
                 raise ValueError(f"supernode {sn.name} lists node {name}, which belongs to {node.supernode}")
         # Nodes added before their supernode join it, listed or not, as add_node would have them:
         # a node left out would still be counted by later updates, and the counts would drift.
-        waiting = [n for n in self.nodes.values() if n.supernode == sn.name and n.name not in members]
+        listed = set(members)
+        waiting = [self.nodes[n] for n in self._unattached.pop(sn.name, []) if n not in listed]
         for node in [*(self.nodes[m] for m in members if m in self.nodes), *waiting]:
             self._attach(node)
 
@@ -109,6 +112,8 @@ class ClusterSnapshot:
         self.nodes[node.name] = node
         if node.supernode in self.supernodes:
             self._attach(node)
+        else:
+            self._unattached.setdefault(node.supernode, []).append(node.name)
 
     def _attach(self, node: NodeState) -> None:
         self.shape_version += 1
@@ -190,6 +195,7 @@ class ClusterSnapshot:
         clone._domain_cache = dict(self._domain_cache)
         clone.shape_version = self.shape_version
         clone.residents = Counter(self.residents)
+        clone._unattached = {k: list(v) for k, v in self._unattached.items()}
         return clone
 
     # -- queries --------------------------------------------------------------------------
