@@ -18,7 +18,7 @@ import yaml
 
 from tidal.dashboard import queries
 from tidal.k8s.api import Api, load_client
-from tidal.k8s.handlers import AUDITED
+from tidal.k8s.watch import TABLES
 
 from .kube import REPO, Kube, eventually, token_kubeconfig
 from .operator_process import OperatorProcess, free_port
@@ -203,7 +203,7 @@ def test_install_rbac_and_dashboard_queries(
 
     # The index audit's LIST of every watched kind is allowed to that identity.
     sa_api = Api(load_client(str(kubeconfig)), workers=1)
-    listed = {kind: sa_api.list_keys(kind) for kind in AUDITED}  # a 403 would raise
+    listed = {kind: sa_api.list_keys(kind) for kind in TABLES}  # a 403 would raise
     assert listed["node"] and listed["supernode"] and listed["priorityclass"]
     # Sufficient: with only that identity, the operator runs both scenarios.
     operator.stop()  # one acting operator at a time

@@ -39,6 +39,7 @@ from tidal.k8s.priority import priority_class_view
 from tidal.k8s.quota import quota_view
 from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view, tidal_controller
 from tidal.k8s.supernodes import discover
+from tidal.k8s.watch import TABLES
 
 log = structlog.get_logger("tidal")
 
@@ -257,17 +258,6 @@ async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
 
 _audits: set[asyncio.Task[None]] = set()
 
-AUDITED = {
-    "node": "nodes",
-    "pod": "pods",
-    "supernode": "supernodes",
-    "job": "jobs",
-    "pool": "pools",
-    "priorityclass": "priority_classes",
-    "quota": "quotas",
-}
-"""The watch cache's kinds, and the ClusterState table holding each."""
-
 
 async def audit_indices(controller: Controller, before: ClusterState, kinds: set[str]) -> None:
     """Drop from the cache what the API server no longer has though no watch said it was deleted.
@@ -289,7 +279,7 @@ async def audit_indices(controller: Controller, before: ClusterState, kinds: set
     phantoms = [
         (kind, key, view)
         for kind in sorted(kinds)
-        for key, view in getattr(before, AUDITED[kind]).items()
+        for key, view in getattr(before, TABLES[kind]).items()
         if key not in listed[kind] and not controller.cache.known_gone(kind, key, view)
     ]
     if phantoms:

@@ -42,6 +42,16 @@ from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 OwnerKey = tuple[str, str | None, str]
 _LISTING: Any = object()  # the kind of a queued full listing
 _FORGET: Any = object()  # the kind of a queued phantom (an object a fresh LIST no longer has)
+TABLES = {
+    "node": "nodes",
+    "pod": "pods",
+    "supernode": "supernodes",
+    "job": "jobs",
+    "pool": "pools",
+    "priorityclass": "priority_classes",
+    "quota": "quotas",
+}
+"""Each kind the cache holds, and its table (the same attribute on WatchCache and ClusterState)."""
 
 
 class WatchCache:
@@ -119,20 +129,9 @@ class WatchCache:
         for kind, key, view in batch:
             if kind is not _FORGET:
                 self.apply(kind, key, view)
-            elif self._tables()[key[0]].get(key[1]) == view:  # an equal update keeps the cache's older object
+            elif getattr(self, TABLES[key[0]]).get(key[1]) == view:  # an equal update keeps the cache's older object
                 self.apply(key[0], key[1], None)
         return len(batch)
-
-    def _tables(self) -> dict[str, dict[Any, Any]]:
-        return {
-            "node": self.nodes,
-            "pod": self.pods,
-            "supernode": self.supernodes,
-            "job": self.jobs,
-            "pool": self.pools,
-            "priorityclass": self.priority_classes,
-            "quota": self.quotas,
-        }
 
     def apply(self, kind: str, key: Any, view: Any) -> None:
         if kind == "node":
@@ -165,15 +164,8 @@ class WatchCache:
     def sync(self, state: ClusterState) -> None:
         """Bring the cache to `state` (a full listing), applying only the differences; objects
         known to be gone (`forget`) are not in it, whatever the listing says."""
-        for kind, mine, theirs in (
-            ("node", self.nodes, state.nodes),
-            ("pod", self.pods, state.pods),
-            ("supernode", self.supernodes, state.supernodes),
-            ("job", self.jobs, state.jobs),
-            ("pool", self.pools, state.pools),
-            ("priorityclass", self.priority_classes, state.priority_classes),
-            ("quota", self.quotas, state.quotas),
-        ):
+        for kind, table in TABLES.items():
+            mine, theirs = getattr(self, table), getattr(state, table)
             gone = {k: v for (gone_kind, k), v in self._gone.items() if gone_kind == kind}
             if gone:
                 for key, view in gone.items():
