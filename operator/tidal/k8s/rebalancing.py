@@ -22,6 +22,7 @@ from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
 from tidal.k8s.training import (
     GROWTH_NOT_STARTED,
+    HISTORY_WINDOW,
     groups_of_replicas,
     hold_domain_nodes,
     holds_gpus,
@@ -54,7 +55,7 @@ DISRUPTIONS = frozenset({REBALANCED, DEFRAGMENTED})
 
 def budget_used(cyc: Cycle, jobs: Statuses) -> int:
     """Training GPUs evicted (or being evicted) by the rebalancer or defragmentation in the last hour."""
-    hour_ago = cyc.now - dt.timedelta(hours=1)
+    hour_ago = cyc.now - HISTORY_WINDOW
     used = 0
     for view, status in jobs.values():
         for record in status.get("evictionHistory", []):

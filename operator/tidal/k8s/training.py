@@ -695,7 +695,6 @@ def start_eviction(
         return status
     grace = _grace_seconds(view)
     requested = cyc.stamp
-    placeholder = rfc3339(cyc.now + dt.timedelta(seconds=grace))
     what = f"replicas {replicas}" if replicas else "the whole job"
     cyc.event(
         view, "CheckpointRequested", f"{reason} by {by}: checkpoint requested before evicting {what} (grace {grace}s)"
@@ -707,7 +706,7 @@ def start_eviction(
             "reason": reason,
             "by": by,
             "requestedAt": requested,
-            "deadline": placeholder,
+            "deadline": _grace_deadline(cyc, view),  # a placeholder (see above)
             "replicas": replicas,
         },
         "conditions": set_condition(
@@ -718,6 +717,11 @@ def start_eviction(
 
 def _grace_seconds(view: ResourceView) -> int:
     return int((view.spec.get("checkpoint") or {}).get("gracePeriodSeconds", 300))
+
+
+def _grace_deadline(cyc: Cycle, view: ResourceView) -> str:
+    """A grace period that starts now ends then."""
+    return rfc3339(cyc.now + dt.timedelta(seconds=_grace_seconds(view)))
 
 
 def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> list[str]:
@@ -749,8 +753,7 @@ def _continue_eviction(
     if not eviction.get("askedAt"):
         # The first cycle that sends the request (or finds it in place): the grace period starts
         # now, so time the operator was down since the decision is never counted as waiting.
-        deadline = rfc3339(cyc.now + dt.timedelta(seconds=_grace_seconds(view)))
-        eviction = {**eviction, "askedAt": cyc.stamp, "deadline": deadline}
+        eviction = {**eviction, "askedAt": cyc.stamp, "deadline": _grace_deadline(cyc, view)}
         status = {**status, "eviction": eviction}
     expired = cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
     if not (done or expired):
@@ -802,8 +805,9 @@ def _continue_eviction(
 
 
 HISTORY_WINDOW = dt.timedelta(hours=1)
-"""Every eviction record this recent is kept: the hourly disruption budget (k8s/rebalancing.py) and
-the cooldowns are counted from them, so dropping one by count would let the budget stop binding."""
+"""The disruption budget's window (k8s/rebalancing.py `budget_used`): every eviction record this
+recent is kept, since the budget and the cooldowns are counted from them; dropping one by count
+would let the budget stop binding."""
 HISTORY_KEPT = 10
 """Older records: this many of the newest, for people reading the status."""
 HISTORY_MAX = 500
