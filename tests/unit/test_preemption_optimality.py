@@ -14,6 +14,7 @@ import random
 
 import pytest
 from bench.preemption import brute_force, random_instance
+from bench.preemption_cap import SHIPPED, instances
 
 import tidal.placement.preemption as preemption
 from tidal.placement import PreemptionPlan, Unplaceable, plan_gang, plan_preemption
@@ -100,3 +101,26 @@ def test_the_improvement_pass_from_neighbours_alone_still_lifts_the_heuristic(mo
     at_minimum = sum(r == 1.0 for r in ratios) / len(ratios)
     assert at_minimum >= 0.97, f"at the minimum in {at_minimum:.1%}"
     assert max(ratios) <= 2.0
+
+
+@pytest.mark.parametrize("index", [65, 90])
+def test_the_shipped_search_caps_reach_the_minimum_where_a_quarter_of_them_stops_short(
+    monkeypatch: pytest.MonkeyPatch, index: int
+):
+    # Two medium instances of bench.preemption_cap (seed 1) on which the caps before the 4x raise
+    # (5,000 search nodes, 50,000 node updates) stopped at a plan above the minimum; the shipped caps
+    # find the minimum. The uncapped search is the reference. Reverting the raise turns this red.
+    snap, request, running = instances([1], 150)[index]
+
+    def evicted(nodes: int, work: int) -> int:
+        monkeypatch.setattr(preemption, "_EXACT_MAX_NODES", nodes)
+        monkeypatch.setattr(preemption, "_EXACT_MAX_WORK", work)
+        plan = plan_preemption(snap, request, running)
+        assert isinstance(plan, PreemptionPlan)
+        return plan.evicted_gpus
+
+    minimum = evicted(10**9, 10**12)
+    shipped = evicted(SHIPPED[0], SHIPPED[1])
+    quarter = evicted(SHIPPED[0] // 4, SHIPPED[1] // 4)
+    assert quarter > minimum, "the instance no longer needs the raised caps: pick another"
+    assert shipped == minimum
