@@ -303,3 +303,34 @@ def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
         assert not controller.relisted
 
     asyncio.run(scenario())
+
+
+def test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again():
+    """kopf's index keeps the deleted Supernode; once the audit forgot it, a node that still bears
+    its label creates it again (discovery asked kopf's index alone and never did)."""
+    cluster, controller, sim, (first, second) = setup(2)
+    sim.base.discover_label = "tidal.dev/supernode"
+
+    async def scenario() -> None:
+        await running(cluster, sim, first, second)
+        member = next(
+            n for n in sorted(cluster.nodes) if cluster.nodes[n].labels["tidal.dev/supernode"] == "nvl72-0000"
+        )
+
+        def creates() -> list[Any]:
+            return [c for c in cluster.calls if c[0] == "create_supernode"]
+
+        before = len(creates())  # the nodes were listed before their Supernodes: the API said AlreadyExists
+        await sim.event("nodes", node_body(cluster.nodes[member]), type="MODIFIED")
+        assert len(creates()) == before, "it exists: nothing to create"
+
+        del cluster.objects[("Supernode", None, "nvl72-0000")]  # deleted while the watch was down
+        controller._next_audit = float("inf")
+        await sim.event("supernodes", second)  # kopf's list after the 410 lacks it
+        await audit(controller, sim, second)
+        assert "nvl72-0000" not in controller.cache.supernodes
+
+        await sim.event("nodes", node_body(cluster.nodes[member]), type="MODIFIED")
+        assert creates()[before:] == [("create_supernode", "nvl72-0000")]
+
+    asyncio.run(scenario())

@@ -321,8 +321,14 @@ async def discover_supernode(memo: kopf.Memo, body: kopf.Body, tidal_supernodes:
     if not label:
         return
     node = node_view(dict(body))
-    created = await asyncio.to_thread(
-        discover, memo.controller.api, label, node, set(tidal_supernodes), memo.accelerators
-    )
+    # kopf's index keeps a Supernode deleted while its watch was down; the audit forgot it, so a
+    # node still labelled for it brings it back.
+    cache = memo.controller.cache
+    known = {
+        name
+        for name, store in tidal_supernodes.items()
+        if any(not cache.known_gone("supernode", name, v) for v in store)
+    }
+    created = await asyncio.to_thread(discover, memo.controller.api, label, node, known, memo.accelerators)
     if created:
         kopf.info(dict(body), reason="SupernodeDiscovered", message=f"created Supernode {created} from {label}")
