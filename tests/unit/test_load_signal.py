@@ -24,6 +24,13 @@ def test_annotation_source():
     assert rate is None and "not a number" in error
 
 
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "1e400"])
+def test_a_non_finite_annotation_is_an_error_not_a_rate(raw: str):
+    # NaN passed max(nan, 0.0) and reached math.ceil, which raised and failed every cycle.
+    rate, error = read_load(pool({"targetPerReplica": 5}, {LOAD_ANNOTATION: raw}))
+    assert rate is None and error == f"annotation {LOAD_ANNOTATION}={raw!r} is not a finite number"
+
+
 @pytest.fixture
 def prometheus():
     queries = []
@@ -33,7 +40,8 @@ def prometheus():
             url = urlparse(self.path)
             query = parse_qs(url.query)["query"][0]
             queries.append((url.path, query))
-            result = [] if "empty" in query else [{"metric": {}, "value": [1700000000, "17.25"]}]
+            value = "NaN" if "ratio" in query else "17.25"  # 0/0 in a ratio: Prometheus answers NaN
+            result = [] if "empty" in query else [{"metric": {}, "value": [1700000000, value]}]
             body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -62,6 +70,8 @@ def test_prometheus_instant_query_goes_to_the_named_source(prometheus):
     assert queries == [("/api/v1/query", 'sum(rate(requests_total{pool="p"}[1m]))')]
     rate, error = read_load(pool({**load, "prometheus": {"server": "main", "query": "empty"}}), sources)
     assert rate is None and "failed (ValueError)" in error
+    rate, error = read_load(pool({**load, "prometheus": {"server": "main", "query": "ratio"}}), sources)
+    assert rate is None and "failed (ValueError)" in error, "NaN is no rate"
     rate, error = read_load(pool(load), {"main": "http://127.0.0.1:9"})
     assert rate is None and error.startswith("query to Prometheus load source 'main' failed")
 

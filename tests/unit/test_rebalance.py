@@ -1,9 +1,14 @@
+import dataclasses
 import datetime as dt
 from collections import Counter
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
+import pytest
+import structlog
+
 from tidal.clock import FixedClock, rfc3339
+from tidal.k8s import rebalancing
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.placement import GangRequest, PlacementPlan, RunningGang, apply_plan, plan_gang
@@ -304,3 +309,49 @@ def test_no_flapping_through_a_noisy_hour():
         clock.advance(minutes=1)
     changes = sum(1 for a, b in pairwise(placed) if a != b)
     assert changes <= 1, placed
+
+
+def small_job(cluster: FakeCluster) -> None:
+    cluster.add(
+        "TrainingJob",
+        "other",
+        "small",
+        {"tp": 4, "ep": 1, "pp": 1, "dp": 1, "gpusPerPod": 4, "priorityClassName": "training", "template": TEMPLATE},
+    )
+
+
+def test_a_nan_load_is_reported_on_its_pool_and_stops_nobody_else():
+    # A tenant's `tidal.dev/load-rps: nan` (or a Prometheus ratio 0/0) reached math.ceil, which
+    # raised: every cycle failed, and no workload of any tenant was admitted any more.
+    cluster = day_cluster()
+    pool = cluster.get("InferencePool", "serve", "chat")
+    cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(
+        pool, spec={**pool.spec, "load": {"targetPerReplica": 1}}
+    )
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "nan"})
+    small_job(cluster)
+    controller = Controller(cluster, FixedClock(at("06:00")), ControllerSettings(rebalance=RebalanceSettings()))
+    run(cluster, controller)
+    assert controller.failures == 0
+    assert cluster.status("TrainingJob", "other", "small")["phase"] == "Running"
+    load = cluster.get("InferencePool", "serve", "chat").status["load"]
+    assert "currentRate" not in load and "is not a finite number" in load["error"]
+
+
+def test_a_pool_whose_reconcile_raises_stops_neither_the_cycle_nor_other_workloads(monkeypatch: pytest.MonkeyPatch):
+    cluster = day_cluster()
+    small_job(cluster)
+    real = rebalancing.pool_load
+
+    def broken(view, *args):  # a defect reached by one pool's input only
+        if view.name == "chat":
+            raise ValueError("a bug one pool's spec reaches")
+        return real(view, *args)
+
+    monkeypatch.setattr(rebalancing, "pool_load", broken)
+    controller = Controller(cluster, FixedClock(at("06:00")), ControllerSettings(rebalance=RebalanceSettings()))
+    with structlog.testing.capture_logs() as logs:
+        run(cluster, controller)
+    assert controller.failures == 0
+    assert cluster.status("TrainingJob", "other", "small")["phase"] == "Running"
+    assert [e["name"] for e in logs if e["event"] == "pool reconcile failed"] == ["chat"] * 3

@@ -7,6 +7,7 @@ Scale-up is decided by the rebalancer (rebalancing.py), which may take GPUs from
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.parse
@@ -79,9 +80,12 @@ def read_load(
         if raw is None:
             return None, None
         try:
-            return max(float(raw), 0.0), None
+            rate = float(raw)
         except ValueError:
             return None, f"annotation {LOAD_ANNOTATION}={raw!r} is not a number"
+        if not math.isfinite(rate):  # NaN or inf: no replica count follows from it
+            return None, f"annotation {LOAD_ANNOTATION}={raw!r} is not a finite number"
+        return max(rate, 0.0), None
     prometheus = load.get("prometheus") or {}
     server = prometheus.get("server")
     url = (sources or {}).get(server or "")
@@ -240,7 +244,10 @@ def prometheus_instant(url: str, query: str) -> float:
     results = body["data"]["result"]
     if not results:
         raise ValueError("the query returned no sample")
-    return float(results[0]["value"][1])
+    rate = float(results[0]["value"][1])
+    if not math.isfinite(rate):  # 0/0 in a ratio query is NaN; Prometheus sends it as "NaN"
+        raise ValueError(f"the query returned {rate}, not a finite number")
+    return rate
 
 
 def replica_pods(view: ResourceView, replica: dict[str, Any], claim: str | None = None) -> dict[str, dict[str, Any]]:

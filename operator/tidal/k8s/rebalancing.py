@@ -13,7 +13,7 @@ from typing import Any
 from tidal.clock import parse_time
 from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
-from tidal.k8s.cycle import Cycle
+from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import LoadPoller, add_replicas, pool_conditions, pool_load, reconcile_pool, spec_problem
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
@@ -93,75 +93,92 @@ def rebalance_pools(
         cyc.release_hold(view.uid)  # planned again now: it re-holds below if it still waits
         if view.deleting:
             continue
-        problem = spec_problem(view) or cyc.priorities.problem(view)
-        if problem:
-            # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
-            reason = UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
-            conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, problem, cyc.stamp)
-            new = {**status, "reason": problem, "conditions": conditions}
-            pools[view.uid] = (view, new)
-            cyc.write_status(view, new)
-            continue
-        rate, error = pool_load(view, settings.load_sources, loads)
-        raw, why = desired_replicas(view.spec, cyc.now, rate)
-        desired = tracker.stabilized(view.uid, cyc.now, raw)
-        if desired > raw:
-            why = f"holding {desired} for the scale-down stabilization window (now {raw}: {why})"
-        floor, _ = schedule_floor(view.spec.get("schedule"), view.spec.get("minReplicas", 0), cyc.now)
-        new = reconcile_pool(cyc, view, status, desired)
-        new.update(desiredReplicas=desired, floor=floor, reason=why)
-        if view.spec.get("load"):
-            new["load"] = {
-                k: v for k, v in {"currentRate": rate, "observedAt": cyc.stamp, "error": error}.items() if v is not None
-            }
-        need = desired - new["placedReplicas"]
-        replica_gpus = view.spec.get("tp", 1) * view.spec.get("ep", 1)
-        room = cyc.quotas.room(view)
-        quota_problem = None
-        if need > 0 and room is not None and need * replica_gpus > room:
-            # Only whole replicas within the namespace's quota (no replica half-created).
-            quota_problem = cyc.quotas.problem(view, need * replica_gpus)
-            need = room // replica_gpus
-            new["reason"] = f"{new['reason']}; {quota_problem}"
-        domain_problem = None
-        if need > 0:
-            # Decided before any placement or eviction: a replica spanning trays gets a ComputeDomain,
-            # and its pods must never share one. Replicas already placed are still reconciled.
-            pods = replica_gpus // max(int(view.spec.get("gpusPerPod", 1)), 1)
-            domain_problem = domain_pods_problem(cyc, view.spec, pods)
-            if domain_problem:
-                need = 0
-        if need > 0:
-            placed = new["placedReplicas"]
-            # Nodes last reserved for workloads waiting for their victims stay theirs, unless this
-            # pool outranks them.
-            with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
-                new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
-            cyc.quotas.book(view, (new["placedReplicas"] - placed) * replica_gpus)
-            waiting |= still_waiting
-        conditions = [  # the problem that held it back is gone
-            c
-            for c in pool_conditions(new, cyc.stamp)
-            if not (
-                c["type"] == "Schedulable"
-                and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec", QUOTA_EXCEEDED, DOMAIN_PODS_SHARE_NODE)
-            )
-        ]
-        if quota_problem:
-            conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
-        if domain_problem:
-            conditions = set_condition(
-                conditions, "Schedulable", False, DOMAIN_PODS_SHARE_NODE, domain_problem, cyc.stamp
-            )
-        new["conditions"] = conditions
-        # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
-        new["replicas"] = new["placedReplicas"]
-        new["selector"] = selector_string(leader_selector(view.name))
-        service = pool_service(view.name, view.namespace or "default", view.uid, view.spec.get("template") or {})
-        if service is not None:
-            cyc.ensure_pool_service(service)
+        try:
+            waiting |= _rebalance_pool(cyc, view, status, pools, jobs, tracker, settings, loads)
+        except Exception:  # one pool's bad input must not stop the cycle for every workload
+            log.exception("pool reconcile failed", namespace=view.namespace, name=view.name)
+    return waiting
+
+
+def _rebalance_pool(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    pools: Statuses,
+    jobs: Statuses,
+    tracker: DemandTracker,
+    settings: RebalanceSettings,
+    loads: LoadPoller | None,
+) -> bool:
+    """One pool: its status written, its replicas grown; True if it still waits for GPUs."""
+    waiting = False
+    problem = spec_problem(view) or cyc.priorities.problem(view)
+    if problem:
+        # An unknown PriorityClass: its pods would be refused by the API server, so none are made.
+        reason = UNKNOWN_PRIORITY_CLASS if problem.startswith("spec.priorityClassName") else "InvalidSpec"
+        conditions = set_condition(status.get("conditions", []), "Schedulable", False, reason, problem, cyc.stamp)
+        new = {**status, "reason": problem, "conditions": conditions}
         pools[view.uid] = (view, new)
         cyc.write_status(view, new)
+        return False
+    rate, error = pool_load(view, settings.load_sources, loads)
+    raw, why = desired_replicas(view.spec, cyc.now, rate)
+    desired = tracker.stabilized(view.uid, cyc.now, raw)
+    if desired > raw:
+        why = f"holding {desired} for the scale-down stabilization window (now {raw}: {why})"
+    floor, _ = schedule_floor(view.spec.get("schedule"), view.spec.get("minReplicas", 0), cyc.now)
+    new = reconcile_pool(cyc, view, status, desired)
+    new.update(desiredReplicas=desired, floor=floor, reason=why)
+    if view.spec.get("load"):
+        new["load"] = {
+            k: v for k, v in {"currentRate": rate, "observedAt": cyc.stamp, "error": error}.items() if v is not None
+        }
+    need = desired - new["placedReplicas"]
+    replica_gpus = view.spec.get("tp", 1) * view.spec.get("ep", 1)
+    room = cyc.quotas.room(view)
+    quota_problem = None
+    if need > 0 and room is not None and need * replica_gpus > room:
+        # Only whole replicas within the namespace's quota (no replica half-created).
+        quota_problem = cyc.quotas.problem(view, need * replica_gpus)
+        need = room // replica_gpus
+        new["reason"] = f"{new['reason']}; {quota_problem}"
+    domain_problem = None
+    if need > 0:
+        # Decided before any placement or eviction: a replica spanning trays gets a ComputeDomain,
+        # and its pods must never share one. Replicas already placed are still reconciled.
+        pods = replica_gpus // max(int(view.spec.get("gpusPerPod", 1)), 1)
+        domain_problem = domain_pods_problem(cyc, view.spec, pods)
+        if domain_problem:
+            need = 0
+    if need > 0:
+        placed = new["placedReplicas"]
+        # Nodes last reserved for workloads waiting for their victims stay theirs, unless this
+        # pool outranks them.
+        with cyc.avoiding(cyc.held_from(view.uid, cyc.priorities.of(view))):
+            new, still_waiting = _grow(cyc, view, new, need, jobs, settings)
+        cyc.quotas.book(view, (new["placedReplicas"] - placed) * replica_gpus)
+        waiting |= still_waiting
+    conditions = [  # the problem that held it back is gone
+        c
+        for c in pool_conditions(new, cyc.stamp)
+        if not (
+            c["type"] == "Schedulable"
+            and c.get("reason") in (UNKNOWN_PRIORITY_CLASS, "InvalidSpec", QUOTA_EXCEEDED, DOMAIN_PODS_SHARE_NODE)
+        )
+    ]
+    if quota_problem:
+        conditions = set_condition(conditions, "Schedulable", False, QUOTA_EXCEEDED, quota_problem, cyc.stamp)
+    if domain_problem:
+        conditions = set_condition(conditions, "Schedulable", False, DOMAIN_PODS_SHARE_NODE, domain_problem, cyc.stamp)
+    new["conditions"] = conditions
+    # The scale subresource: what HPA/KEDA read back (status.replicas, status.selector).
+    new["replicas"] = new["placedReplicas"]
+    new["selector"] = selector_string(leader_selector(view.name))
+    service = pool_service(view.name, view.namespace or "default", view.uid, view.spec.get("template") or {})
+    if service is not None:
+        cyc.ensure_pool_service(service)
+    pools[view.uid] = (view, new)
+    cyc.write_status(view, new)
     return waiting
 
 

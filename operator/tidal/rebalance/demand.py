@@ -50,7 +50,7 @@ def desired_replicas(spec: dict, now: dt.datetime, current_rate: float | None) -
     if requested is not None and requested > desired:
         desired, why = requested, f"spec.replicas {requested} (autoscaler or kubectl scale)"
     load = spec.get("load")
-    if load and current_rate is not None:
+    if load and current_rate is not None and math.isfinite(current_rate):
         by_load = math.ceil(current_rate / load["targetPerReplica"] - 1e-9)
         if by_load > desired:
             desired, why = by_load, f"load {current_rate:g} req/s / {load['targetPerReplica']:g} per replica"
