@@ -198,6 +198,14 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             "is required",
         ),
         (training_job("tpl-no-name", template=pod_spec(containers=[{"image": "busybox"}])), "name", "Required value"),
+        # An empty window (start == end) was accepted and never open: an all-day floor silently absent.
+        (
+            inference_pool(
+                "empty-window", schedule={"windows": [{"start": "00:00", "end": "00:00", "minReplicas": 1}]}
+            ),
+            "spec.schedule.windows[0].end",
+            "must differ from start",
+        ),
     ],
 )
 def test_invalid_objects_are_rejected_naming_the_field(kube: Kube, namespace: str, obj, field, fragment):

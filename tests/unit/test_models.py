@@ -85,6 +85,16 @@ def test_inference_pool_validation():
         },
     )
     assert window[0].startswith("spec.schedule.windows[0].start: must match")
+    empty = errors_of(
+        InferencePoolSpec,
+        {
+            "maxReplicas": 2,
+            "gpusPerPod": 1,
+            "template": {},
+            "schedule": {"windows": [{"start": "00:00", "end": "00:00", "minReplicas": 1}]},
+        },
+    )
+    assert len(empty) == 1 and "spec.schedule.windows[].end: must differ from start" in empty[0], empty
     load = errors_of(
         InferencePoolSpec,
         {"maxReplicas": 2, "gpusPerPod": 1, "template": {}, "load": {"targetPerReplica": 5, "source": "Prometheus"}},

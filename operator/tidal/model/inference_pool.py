@@ -14,19 +14,40 @@ from tidal.model.training_job import DEFAULT_ACCELERATOR, GroupPlacement
 HHMM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 
 
+EMPTY_WINDOW = (
+    "spec.schedule.windows[].end: must differ from start (such a window is never open); "
+    "for a floor all day long set spec.minReplicas"
+)
+
+
 class ScheduleWindow(ApiModel):
     """A daily time window with a replica floor; an end before the start wraps past midnight."""
 
-    start: str = Field(pattern=HHMM, description="Local start time, HH:MM.")
-    end: str = Field(pattern=HHMM, description="Local end time, HH:MM (exclusive).")
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": "self.start != self.end", "message": EMPTY_WINDOW, "fieldPath": ".end"}
+            ]
+        }
+    }
+
+    # maxLength bounds the CEL rule's cost estimate (a pattern does not).
+    start: str = Field(pattern=HHMM, max_length=5, description="Local start time, HH:MM.")
+    end: str = Field(pattern=HHMM, max_length=5, description="Local end time, HH:MM (exclusive).")
     min_replicas: int = Field(ge=0, le=100_000, description="Replica floor while the window is open.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ScheduleWindow:
+        if self.start == self.end:
+            raise ValueError(EMPTY_WINDOW)
+        return self
 
 
 class ScheduleSpec(ApiModel):
     """Time-of-day replica floors; outside every window the pool's minReplicas applies."""
 
     timezone: str = Field(default="UTC", description="IANA time zone of the windows, e.g. Asia/Shanghai.")
-    windows: list[ScheduleWindow] = Field(default_factory=list, description="Daily windows.")
+    windows: list[ScheduleWindow] = Field(default_factory=list, max_length=48, description="Daily windows.")
 
     @field_validator("timezone")
     @classmethod
