@@ -355,3 +355,31 @@ def test_a_pool_whose_reconcile_raises_stops_neither_the_cycle_nor_other_workloa
     assert controller.failures == 0
     assert cluster.status("TrainingJob", "other", "small")["phase"] == "Running"
     assert [e["name"] for e in logs if e["event"] == "pool reconcile failed"] == ["chat"] * 3
+
+
+def test_a_pool_nothing_is_being_freed_for_holds_no_training_back_from_growing():
+    # Any waiting pool stopped every shrunk elastic job from growing back, on every accelerator:
+    # one tenant's unservable pool kept another tenant's training small for good.
+    cluster = day_cluster()
+    unservable = {"minReplicas": 1, "maxReplicas": 1, "gpusPerPod": 4, "priorityClassName": "serving"}
+    cluster.add("InferencePool", "t2", "elsewhere", {**unservable, "tp": 4, "accelerator": "example.com/none"})
+    cluster.add("InferencePool", "t3", "too-big", {**unservable, "tp": 4, "ep": 32, "template": TEMPLATE})
+    cluster.objects[("InferencePool", "t2", "elsewhere")].spec["template"] = TEMPLATE
+    clock = FixedClock(at("06:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    run(cluster, controller)
+    clock.at = at("08:00")
+    run(cluster, controller)
+    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 3
+    for pool in (("t2", "elsewhere"), ("t3", "too-big")):
+        status = cluster.get("InferencePool", *pool).status
+        assert status["placedReplicas"] == 0 and "do not fit" in status["reason"], status["reason"]
+
+    clock.at = at("23:10")  # the day pool's floor is gone and its stabilization window has passed
+    run(cluster, controller, cycles=4)
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 0
+    assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 4, "grown back though two pools wait"
+    check_sound(cluster)

@@ -371,8 +371,7 @@ class Controller:
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)
-        if not pools_waiting:
-            expand_elastic(cyc, statuses, self.settings.rebalance)
+        expand_elastic(cyc, statuses, self.settings.rebalance, pools_waiting)
         self.holds = cyc.holds
         decided = time.monotonic()
         applied = apply_actions(cyc.plan, self.api, self.writer, self.applied_services, self.service_conflicts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,10 +83,12 @@ def rebalance_pools(
     tracker: DemandTracker,
     settings: RebalanceSettings,
     loads: LoadPoller | None = None,
-) -> bool:
-    """Reconcile every pool and grow those below desired. True if any pool still waits for GPUs.
-    `loads`: the pools' Prometheus load samples (without it, such a pool's load is unknown)."""
-    waiting = False
+) -> set[str]:
+    """Reconcile every pool and grow those below desired. Returns the accelerators on which some
+    pool waits for GPUs that evictions under way or planned now will give it (expand_elastic
+    must not grow training into them). `loads`: the pools' Prometheus load samples (without
+    it, such a pool's load is unknown)."""
+    waiting: set[str] = set()
     tracker.forget({view.uid for view, _ in pools.values()})
     order = sorted(pools.values(), key=lambda item: (-cyc.priorities.of(item[0]), item[0].created))
     for view, status in order:
@@ -94,7 +96,8 @@ def rebalance_pools(
         if view.deleting:
             continue
         try:
-            waiting |= _rebalance_pool(cyc, view, status, pools, jobs, tracker, settings, loads)
+            if _rebalance_pool(cyc, view, status, pools, jobs, tracker, settings, loads):
+                waiting.add(view.spec.get("accelerator", "nvidia.com/gpu"))
         except Exception:  # one pool's bad input must not stop the cycle for every workload
             log.exception("pool reconcile failed", namespace=view.namespace, name=view.name)
     return waiting
@@ -110,7 +113,7 @@ def _rebalance_pool(
     settings: RebalanceSettings,
     loads: LoadPoller | None,
 ) -> bool:
-    """One pool: its status written, its replicas grown; True if it still waits for GPUs."""
+    """One pool: its status written, its replicas grown; True if it waits for GPUs being freed."""
     waiting = False
     problem = spec_problem(view) or cyc.priorities.problem(view)
     if problem:
@@ -244,13 +247,20 @@ def _grow(
         )
     else:
         status["reason"] += f"; {remaining} replica(s) do not fit: {plan.reason}"
-    return status, True
+    # A pool nothing is being freed for (no room even with evictions, budget spent, an
+    # accelerator the cluster lacks) holds no training back from growing.
+    return status, bool(in_flight) or plan.placement is not None
 
 
-def expand_elastic(cyc: Cycle, jobs: Statuses, settings: RebalanceSettings) -> None:
-    """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs."""
+def expand_elastic(
+    cyc: Cycle, jobs: Statuses, settings: RebalanceSettings, pools_waiting: Collection[str] = ()
+) -> None:
+    """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs, except on
+    an accelerator where a pool waits for GPUs being freed (`rebalance_pools`)."""
     for view, status in sorted(jobs.values(), key=lambda i: (-cyc.priorities.of(i[0]), i[0].created)):
         if view.deleting or status.get("phase") != "Running" or status.get("eviction") or view.spec.get("suspend"):
+            continue
+        if view.spec.get("accelerator", "nvidia.com/gpu") in pools_waiting:
             continue
         shape = shape_of(view, status)
         target = view.spec.get("dp", 1)
