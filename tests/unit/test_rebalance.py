@@ -383,3 +383,66 @@ def test_a_pool_nothing_is_being_freed_for_holds_no_training_back_from_growing()
     assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 0
     assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 4, "grown back though two pools wait"
     check_sound(cluster)
+
+
+def load_driven(cluster: FakeCluster) -> None:
+    """The day pool follows its load annotation alone (one replica per request per second)."""
+    pool = cluster.get("InferencePool", "serve", "chat")
+    spec = {**pool.spec, "schedule": None, "load": {"targetPerReplica": 1}}
+    cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(pool, spec=spec)
+
+
+def test_an_eviction_is_called_off_when_the_pool_no_longer_wants_the_room():
+    # A one-minute load spike started a shrink; the pool fell back to 0 within the grace period,
+    # but the shrink went ahead anyway: progress lost for GPUs nobody wanted, then a grow-back.
+    cluster = day_cluster()
+    load_driven(cluster)
+    clock = FixedClock(at("12:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    run(cluster, controller)
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["replicas"] == [3]
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    for _ in range(11):  # past the stabilization window (5 min) and the grace period (10 min)
+        clock.advance(minutes=1)
+        run(cluster, controller, cycles=1)
+    job = cluster.status("TrainingJob", "ml", "pretrain")
+    assert "eviction" not in job and job["currentDP"] == 4 and not job.get("evictionHistory")
+    assert len(cluster.pods_of("tidal.dev/job", "pretrain")) == 64, "no training pod deleted"
+    checkpoint = next(c for c in job["conditions"] if c["type"] == "CheckpointRequested")
+    assert checkpoint["status"] == "False" and checkpoint["reason"] == "Cancelled"
+    assert "wants 0 replica(s) and has" in checkpoint["message"]
+    assert [e for e in cluster.calls if e[0] == "event" and e[1][1] == "EvictionCancelled"]
+
+
+def test_an_eviction_for_a_pool_still_short_of_replicas_goes_ahead():
+    cluster = day_cluster()
+    load_driven(cluster)
+    clock = FixedClock(at("12:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    run(cluster, controller)
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})
+    run(cluster, controller)
+    clock.advance(minutes=11)
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 3
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 12
+
+
+def test_an_eviction_for_a_deleted_pool_is_called_off():
+    cluster = day_cluster()
+    clock = FixedClock(at("06:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    run(cluster, controller)
+    clock.at = at("08:00")
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["by"] == "InferencePool serve/chat"
+    del cluster.objects[("InferencePool", "serve", "chat")]
+    clock.advance(minutes=11)
+    run(cluster, controller)
+    job = cluster.status("TrainingJob", "ml", "pretrain")
+    assert "eviction" not in job and job["currentDP"] == 4
+    assert "serve/chat is gone" in next(c for c in job["conditions"] if c["type"] == "CheckpointRequested")["message"]

@@ -738,6 +738,24 @@ def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView]
     return unseen
 
 
+def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
+    """Why an eviction for an InferencePool is no longer wanted (None: it still is): the pool is
+    gone, or the replicas it last wanted are all placed (its load fell back within the grace
+    period). Taking the GPUs anyway would lose progress for room nobody wants."""
+    by = eviction.get("by") or ""
+    if not by.startswith("InferencePool "):
+        return None
+    namespace, _, name = by.removeprefix("InferencePool ").partition("/")
+    pool = cyc.state.pools.get((namespace, name))
+    if pool is None or pool.deleting:
+        return f"InferencePool {namespace}/{name} is gone"
+    status = cyc.writer.effective(pool)
+    desired, placed = status.get("desiredReplicas"), status.get("placedReplicas")
+    if desired is not None and placed is not None and desired <= placed:
+        return f"InferencePool {namespace}/{name} wants {desired} replica(s) and has {placed}"
+    return None
+
+
 def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
     done = parse_time(view.annotations.get(labels.CHECKPOINT_DONE))
     asked = parse_time(requested_at)
@@ -748,6 +766,15 @@ def _continue_eviction(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView]
 ) -> dict[str, Any]:
     eviction = status["eviction"]
+    unwanted = _no_longer_wanted(cyc, eviction)
+    if unwanted:
+        message = f"{eviction['reason']} by {eviction['by']} called off: {unwanted}; nothing evicted"
+        cyc.event(view, "EvictionCancelled", message)
+        cyc.count(f"evictions_cancelled:{eviction['reason']}")
+        conditions = set_condition(
+            status.get("conditions", []), "CheckpointRequested", False, "Cancelled", message, cyc.stamp
+        )
+        return {**{k: v for k, v in status.items() if k != "eviction"}, "conditions": conditions}
     unseen = _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
     done = checkpoint_done(view, eviction["requestedAt"])
     if not eviction.get("askedAt"):
