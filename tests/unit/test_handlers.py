@@ -241,7 +241,8 @@ def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
         gone = next(
             n for n in sorted(cluster.nodes) if cluster.nodes[n].labels.get("tidal.dev/supernode") == "nvl72-0000"
         )
-        await sim.event("nodes", node_body(cluster.nodes[gone]))  # a heartbeat: an equal view, a new object
+        # a heartbeat (a watch event, not a re-list): an equal view, a new object
+        await sim.event("nodes", node_body(cluster.nodes[gone]), type="MODIFIED")
         await sim.tick("supernodes", first)
         view = cluster.nodes.pop(gone)  # deleted while the watch was down: no DELETED event, ever
         controller._next_audit = float("inf")
