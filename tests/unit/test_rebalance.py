@@ -446,3 +446,28 @@ def test_an_eviction_for_a_deleted_pool_is_called_off():
     job = cluster.status("TrainingJob", "ml", "pretrain")
     assert "eviction" not in job and job["currentDP"] == 4
     assert "serve/chat is gone" in next(c for c in job["conditions"] if c["type"] == "CheckpointRequested")["message"]
+
+
+def test_a_restarted_operator_keeps_the_scale_down_window():
+    # The window's history lived only in memory: a restart one minute into a dip dropped warm
+    # replicas at once, and the training that took their GPUs was shrunk again when load came back.
+    placed = {}
+    for restart in (False, True):
+        cluster = day_cluster()
+        load_driven(cluster)
+        clock = FixedClock(at("12:00"))
+        controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+        cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "4"})
+        run(cluster, controller)
+        clock.advance(minutes=1)
+        cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "2"})
+        if restart:
+            controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+        run(cluster, controller)
+        status = cluster.get("InferencePool", "serve", "chat").status
+        placed[restart] = status["placedReplicas"]
+        assert "stabilization window" in status["reason"]
+        clock.advance(minutes=5)
+        run(cluster, controller)
+        assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 2, "down after the window"
+    assert placed == {False: 4, True: 4}

@@ -126,7 +126,7 @@ def _rebalance_pool(
         return False
     rate, error = pool_load(view, settings.load_sources, loads)
     raw, why = desired_replicas(view.spec, cyc.now, rate)
-    desired = tracker.stabilized(view.uid, cyc.now, raw)
+    desired = tracker.stabilized(view.uid, cyc.now, raw, status.get("desiredReplicas"))
     if desired > raw:
         why = f"holding {desired} for the scale-down stabilization window (now {raw}: {why})"
     floor, _ = schedule_floor(view.spec.get("schedule"), view.spec.get("minReplicas", 0), cyc.now)
