@@ -96,6 +96,15 @@ def test_helm_lint_and_template(kube: Kube):
     assert "--api-timeout=30" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.apiTimeoutSeconds=0", check=False)
     assert bad.returncode != 0 and "apiTimeoutSeconds" in bad.stderr
+    # The tide's hysteresis: the operator's defaults unless set (a slow load wave wants longer).
+    assert "--scale-down-stabilization=300" in args and "--grow-back-cooldown=600" in args
+    slow = ["--set", "operator.scaleDownStabilizationSeconds=1800", "--set", "operator.growBackCooldownSeconds=3600"]
+    rendered = helm(kube, "template", RELEASE, str(CHART), *slow).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--scale-down-stabilization=1800" in args and "--grow-back-cooldown=3600" in args
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.growBackCooldownSeconds=0", check=False)
+    assert bad.returncode != 0 and "growBackCooldownSeconds" in bad.stderr
 
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:

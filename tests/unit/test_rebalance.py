@@ -471,3 +471,52 @@ def test_a_restarted_operator_keeps_the_scale_down_window():
         run(cluster, controller)
         assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 2, "down after the window"
     assert placed == {False: 4, True: 4}
+
+
+def dp_changes_under_a_slow_wave(settings: RebalanceSettings) -> int:
+    """Training DP changes in 3 hours of a load that is high for 16 minutes, then quiet for 16."""
+    cluster = day_cluster()
+    load_driven(cluster)
+    clock = FixedClock(at("12:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=settings))
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    run(cluster, controller)
+    dps = [cluster.status("TrainingJob", "ml", "pretrain")["currentDP"]]
+    assert dps == [4]
+    for minute in range(180):
+        rate = "12" if (minute // 16) % 2 == 0 else "0"
+        cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": rate})
+        run(cluster, controller, cycles=1)
+        if cluster.status("TrainingJob", "ml", "pretrain").get("eviction"):
+            cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": rfc3339(clock.now())})
+            run(cluster, controller, cycles=1)
+        dps.append(cluster.status("TrainingJob", "ml", "pretrain").get("currentDP"))
+        clock.advance(minutes=1)
+    check_sound(cluster)
+    return sum(a != b for a, b in pairwise(dps))
+
+
+def test_a_slow_load_wave_is_ridden_out_with_a_longer_window_and_cooldown():
+    # The 5-minute window and 10-minute cooldown follow a 32-minute wave: every half hour a
+    # checkpoint, a shrink and a grow-back. --scale-down-stabilization / --grow-back-cooldown are
+    # the knobs; set to the simulator's 30 minutes and 1 hour, the job is shrunk once and stays so.
+    assert dp_changes_under_a_slow_wave(RebalanceSettings()) >= 8
+    slow = RebalanceSettings(stabilization_window=dt.timedelta(minutes=30), expand_cooldown=dt.timedelta(hours=1))
+    assert dp_changes_under_a_slow_wave(slow) == 1
+
+
+def test_the_window_and_the_cooldown_are_operator_flags():
+    from tidal.cli import build_parser
+    from tidal.k8s.runner import rebalance_settings
+
+    default = rebalance_settings(build_parser().parse_args(["run"]))
+    assert default.stabilization_window == dt.timedelta(minutes=5)
+    assert default.expand_cooldown == dt.timedelta(minutes=10)
+    args = build_parser().parse_args(["run", "--scale-down-stabilization", "1800", "--grow-back-cooldown", "3600"])
+    assert rebalance_settings(args).stabilization_window == dt.timedelta(minutes=30)
+    assert rebalance_settings(args).expand_cooldown == dt.timedelta(hours=1)
+    assert Controller(
+        FakeCluster("nvl72", 1), FixedClock(at("12:00")), ControllerSettings(rebalance=rebalance_settings(args))
+    ).demand.window == dt.timedelta(minutes=30)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--scale-down-stabilization", "0"])

@@ -89,7 +89,7 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.writer = StatusWriter(api)
         self.deleted_uids: set[str] = set()
-        self.demand = DemandTracker()
+        self.demand = DemandTracker(self.settings.rebalance.stabilization_window)
         self.last_report = CycleReport()
         self.cycles = 0
         self.lock = threading.Lock()

@@ -44,7 +44,10 @@ class RebalanceSettings:
     disruption_budget_gpus_per_hour: int | None = None
     """Most training GPUs the rebalancer may evict in any hour; None means no limit."""
     expand_cooldown: dt.timedelta = dt.timedelta(minutes=10)
-    """An elastic job shrunk by the rebalancer is not grown back sooner than this."""
+    """An elastic job shrunk by the rebalancer is not grown back sooner than this
+    (`--grow-back-cooldown`)."""
+    stabilization_window: dt.timedelta = dt.timedelta(minutes=5)
+    """A pool scales down only once its demand stayed lower this long (`--scale-down-stabilization`)."""
     load_sources: Mapping[str, str] = field(default_factory=dict)
     """Prometheus load source name -> base URL (operator flag --load-source): pools name one."""
 

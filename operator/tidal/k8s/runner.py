@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import hashlib
 import os
 import re
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidal.clock import FileClock, SystemClock
 from tidal.logging import configure as configure_logging
 from tidal.model.inference_pool import LOAD_SOURCE_NAME
+
+if TYPE_CHECKING:
+    from tidal.k8s.rebalancing import RebalanceSettings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,7 +28,6 @@ def run(args: argparse.Namespace) -> int:
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
     from tidal.k8s.api import Api, RetryPolicy, load_client
     from tidal.k8s.controller import Controller, ControllerSettings
-    from tidal.k8s.rebalancing import RebalanceSettings
 
     api = Api(
         load_client(str(args.kubeconfig) if args.kubeconfig else None),
@@ -32,13 +36,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.standalone and not _peering_ready(api, args):
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
-    rebalance = RebalanceSettings(
-        disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour,
-        load_sources=load_sources(args.load_source),
-    )
     settings = ControllerSettings(
         min_cycle_seconds=args.cycle_seconds,
-        rebalance=rebalance,
+        rebalance=rebalance_settings(args),
         supernode_label=args.supernode_label,
         max_cycle_age_seconds=args.max_cycle_age,
         spec_priority=args.spec_priority,
@@ -66,6 +66,17 @@ def run(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
+
+
+def rebalance_settings(args: argparse.Namespace) -> RebalanceSettings:
+    from tidal.k8s.rebalancing import RebalanceSettings
+
+    return RebalanceSettings(
+        disruption_budget_gpus_per_hour=args.disruption_budget_gpus_per_hour,
+        load_sources=load_sources(args.load_source),
+        stabilization_window=dt.timedelta(seconds=args.scale_down_stabilization),
+        expand_cooldown=dt.timedelta(seconds=args.grow_back_cooldown),
+    )
 
 
 def _peering_ready(api: object, args: argparse.Namespace) -> bool:
@@ -155,6 +166,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="most training GPUs the rebalancer may evict per hour (default: no limit)",
+    )
+    parser.add_argument(
+        "--scale-down-stabilization",
+        type=_positive_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="an InferencePool scales down only once its demand stayed lower this long (default 300)",
+    )
+    parser.add_argument(
+        "--grow-back-cooldown",
+        type=_positive_seconds,
+        default=600.0,
+        metavar="SECONDS",
+        help="an elastic TrainingJob shrunk for a pool grows back no sooner than this (default 600)",
     )
     parser.add_argument(
         "--load-source",
