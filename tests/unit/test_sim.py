@@ -497,3 +497,25 @@ def test_quick_run_of_the_five_policies():
     for name, r in result["policies"].items():
         assert r["goodput_gpu_hours"] > 0 and 0 < r["inference_demand_met"] <= 1, name
         assert {"evictions", "flaps", "inference_slo_violation_minutes"} <= set(r)
+
+
+def test_the_graceful_baseline_saves_before_it_goes_and_so_loses_nothing_to_preemption():
+    # The plain baseline kills at once; a careful Kueue/KAI user gives a preempted pod a grace
+    # period long enough to save. Same preemption otherwise: whole gangs, so evictions happen.
+    result = run_scenario(SMALL, ["autoscale-preempt", "autoscale-preempt-graceful"], jobs=1, check=True)
+    plain, graceful = result["policies"]["autoscale-preempt"], result["policies"]["autoscale-preempt-graceful"]
+    assert plain["evictions"] > 0 and plain["lost_gpu_hours_preemption"] > 0
+    assert graceful["evictions"] > 0 and graceful["lost_gpu_hours_preemption"] == 0
+    assert graceful["shrinks"] == 0 and graceful["grow_backs"] == 0, "no elastic shrink: still the baseline"
+
+
+@pytest.mark.parametrize(("policy", "dp"), [("autoscale-preempt-graceful", 6), ("autoscale-preempt", None)])
+def test_the_graceful_baseline_admits_an_elastic_job_at_a_smaller_size_like_kueue_partial_admission(policy, dp):
+    sim = hand_sim()  # 144 GPUs
+    started(sim, JobShape(8, 1, 1, 12, 4, 1))  # 96 held, 48 free
+    shape = JobShape(8, 1, 1, 8, 4, 1)  # 64 GPUs in 8-GPU DP replicas: 6 of its 8 fit
+    job = Job(TrainingArrival(1, sim.now, shape, 1e6, 0, True, 2), dp=shape.dp, remaining=1e9)
+    sim.jobs[job.id] = job
+    sim.queue.append(job)
+    POLICIES[policy]().admit(sim)
+    assert (job.dp if job.state != "queued" else None) == dp

@@ -301,6 +301,44 @@ class AutoscalePreempt(Autoscaled):
         sim.add_replicas(pool, plan.placement.groups)
 
 
+class AutoscalePreemptGraceful(AutoscalePreempt):
+    """autoscale-preempt as a careful Kueue or KAI user runs it: a preempted pod gets SIGTERM and a
+    termination grace period long enough for the training loop to save (so no work is lost, but
+    the victim holds its GPUs while it writes, and the replicas wait), and elastic jobs are
+    admitted at a smaller size when the full one does not fit (Kueue's partial admission). Still
+    whole-gang preemption only: no shrink, no grow-back, no disruption budget, no forecast."""
+
+    name = "autoscale-preempt-graceful"
+    elastic = True
+
+    def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
+        super().__init__(stabilization)
+        self.targets: dict[str, int] = {}
+
+    def tick(self, sim: Simulation) -> None:
+        for pool in sim.pools.values():
+            self.targets[pool.name] = self.target(sim, pool)
+            sim.remove_replicas(pool, self.targets[pool.name])
+            self.make_room(sim, pool, self.targets[pool.name])
+
+    def after_checkpoint(self, sim: Simulation) -> None:
+        for pool in sim.pools.values():
+            self.make_room(sim, pool, self.targets.get(pool.name, 0))
+        self.admit(sim)
+
+    def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
+        need = target - len(pool.replicas)
+        need -= self.place_free(sim, pool, need)
+        if need <= 0 or any(j.state == "checkpointing" for j in sim.active.values()):
+            return  # done, or victims are still saving: decided again once they are gone
+        gangs = [replace(g, min_replicas=None) for g in sim.running_gangs()]
+        plan = plan_capacity(sim.snapshot, pool.request(need), gangs, None)
+        if not plan.evictions or plan.placement is None:
+            return
+        for eviction in plan.evictions:
+            sim.request_checkpoint(sim.jobs[eviction.gang], ())  # SIGTERM: save, then go
+
+
 class Tidal(Autoscaled):
     name = "tidal"
     elastic = True
@@ -422,6 +460,7 @@ class TidalReactive(Tidal):
 
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (AutoscalePreempt, StaticSplit, TopologyOnly, FirstFit, Tidal, TidalReactive)
+    p.name: p
+    for p in (AutoscalePreempt, AutoscalePreemptGraceful, StaticSplit, TopologyOnly, FirstFit, Tidal, TidalReactive)
 }
 DEFAULT_POLICIES = ("autoscale-preempt", "static-split", "topology-only", "first-fit", "tidal")
