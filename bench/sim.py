@@ -9,8 +9,11 @@ Prints (or with --json, one JSON object): per policy the mean over seeds of good
 (training progress after every cost), inference_demand_met, inference_slo_violation_minutes,
 evictions, flaps and the rest of tidal.sim.run.summarize; `spread` (min, max per figure);
 lead_vs_autoscale_preempt = tidal goodput / autoscale-preempt goodput (mean over seeds; null if
-tidal met less inference demand in some seed); wall_s per seed for the whole policy set; and
-the job mix's shares of jobs and of offered GPU-time.
+tidal met less inference demand in some seed); goodput_ratio_tidal_vs_autoscale_preempt and,
+with `--policy autoscale-preempt-graceful` (the baseline whose preempted gangs save within a grace
+period, not in the default five), goodput_ratio_tidal_vs_autoscale_preempt_graceful (mean, min,
+max over seeds); wall_s per seed for the whole policy set; and the job mix's shares of jobs and
+of offered GPU-time.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
         if agg["lead_vs_autoscale_preempt"]
         else None,
         "goodput_ratio_tidal_vs_autoscale_preempt": agg["goodput_ratio_tidal_vs_autoscale_preempt"],
+        "goodput_ratio_tidal_vs_autoscale_preempt_graceful": agg["goodput_ratio_tidal_vs_autoscale_preempt_graceful"],
         "per_seed_lead": [r["lead_vs_autoscale_preempt"] for r in runs],
         "_agg": agg,
     }

@@ -222,21 +222,22 @@ def over_seeds(runs: list[dict]) -> dict:
                 "max": max(values),
             }
     leads = [r["lead_vs_autoscale_preempt"] for r in runs]
-    ratios = [
-        r["policies"]["tidal"]["goodput_gpu_hours"] / r["policies"]["autoscale-preempt"]["goodput_gpu_hours"]
-        for r in runs
-        if "tidal" in r["policies"] and "autoscale-preempt" in r["policies"]
-    ]
     out["lead_vs_autoscale_preempt"] = (
         {"mean": round(statistics.fmean(leads), 3), "min": min(leads), "max": max(leads)}
         if leads and all(x is not None for x in leads)
         else None
     )
-    out["goodput_ratio_tidal_vs_autoscale_preempt"] = (
-        {"mean": round(statistics.fmean(ratios), 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
-        if ratios
-        else None
-    )
+    for baseline in ("autoscale-preempt", "autoscale-preempt-graceful"):
+        ratios = [
+            r["policies"]["tidal"]["goodput_gpu_hours"] / r["policies"][baseline]["goodput_gpu_hours"]
+            for r in runs
+            if "tidal" in r["policies"] and baseline in r["policies"]
+        ]
+        out[f"goodput_ratio_tidal_vs_{baseline.replace('-', '_')}"] = (
+            {"mean": round(statistics.fmean(ratios), 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+            if ratios
+            else None
+        )
     return out
 
 
