@@ -392,17 +392,25 @@ def load_driven(cluster: FakeCluster) -> None:
     cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(pool, spec=spec)
 
 
-def test_an_eviction_is_called_off_when_the_pool_no_longer_wants_the_room():
-    # A one-minute load spike started a shrink; the pool fell back to 0 within the grace period,
-    # but the shrink went ahead anyway: progress lost for GPUs nobody wanted, then a grow-back.
+def load_spike(settings: RebalanceSettings | None = None) -> tuple[FakeCluster, FixedClock, Controller]:
+    """At noon, training runs whole under an idle load-driven pool; then the load asks for 12
+    replicas: the cycles after it ask training to checkpoint before giving back one DP replica."""
     cluster = day_cluster()
     load_driven(cluster)
     clock = FixedClock(at("12:00"))
-    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=settings or RebalanceSettings()))
     cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
     run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 4
     cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})
-    run(cluster, controller, cycles=1)
+    run(cluster, controller)
+    return cluster, clock, controller
+
+
+def test_an_eviction_is_called_off_when_the_pool_no_longer_wants_the_room():
+    # A one-minute load spike started a shrink; the pool fell back to 0 within the grace period,
+    # but the shrink went ahead anyway: progress lost for GPUs nobody wanted, then a grow-back.
+    cluster, clock, controller = load_spike()
     assert cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["replicas"] == [3]
     cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
     for _ in range(11):  # past the stabilization window (5 min) and the grace period (10 min)
@@ -418,14 +426,7 @@ def test_an_eviction_is_called_off_when_the_pool_no_longer_wants_the_room():
 
 
 def test_an_eviction_for_a_pool_still_short_of_replicas_goes_ahead():
-    cluster = day_cluster()
-    load_driven(cluster)
-    clock = FixedClock(at("12:00"))
-    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
-    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
-    run(cluster, controller)
-    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})
-    run(cluster, controller)
+    cluster, clock, controller = load_spike()
     clock.advance(minutes=11)
     run(cluster, controller)
     assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 3

@@ -301,15 +301,9 @@ class AutoscalePreempt(Autoscaled):
         sim.add_replicas(pool, plan.placement.groups)
 
 
-class AutoscalePreemptGraceful(AutoscalePreempt):
-    """autoscale-preempt as a careful Kueue or KAI user runs it: a preempted pod gets SIGTERM and a
-    termination grace period long enough for the training loop to save (so no work is lost, but
-    the victim holds its GPUs while it writes, and the replicas wait), and elastic jobs are
-    admitted at a smaller size when the full one does not fit (Kueue's partial admission). Still
-    whole-gang preemption only: no shrink, no grow-back, no disruption budget, no forecast."""
-
-    name = "autoscale-preempt-graceful"
-    elastic = True
+class CheckpointFirst(Autoscaled):
+    """Room for replicas comes from victims that save first: each tick's targets are kept, and asked
+    for again once those saves finish (`after_checkpoint`)."""
 
     def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
         super().__init__(stabilization)
@@ -326,6 +320,17 @@ class AutoscalePreemptGraceful(AutoscalePreempt):
             self.make_room(sim, pool, self.targets.get(pool.name, 0))
         self.admit(sim)
 
+
+class AutoscalePreemptGraceful(CheckpointFirst):
+    """autoscale-preempt as a careful Kueue or KAI user runs it: a preempted pod gets SIGTERM and a
+    termination grace period long enough for the training loop to save (so no work is lost, but
+    the victim holds its GPUs while it writes, and the replicas wait), and elastic jobs are
+    admitted at a smaller size when the full one does not fit (Kueue's partial admission). Still
+    whole-gang preemption only: no shrink, no grow-back, no disruption budget, no forecast."""
+
+    name = "autoscale-preempt-graceful"
+    elastic = True
+
     def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
         need = target - len(pool.replicas)
         need -= self.place_free(sim, pool, need)
@@ -339,7 +344,7 @@ class AutoscalePreemptGraceful(AutoscalePreempt):
             sim.request_checkpoint(sim.jobs[eviction.gang], ())  # SIGTERM: save, then go
 
 
-class Tidal(Autoscaled):
+class Tidal(CheckpointFirst):
     name = "tidal"
     elastic = True
     forecast_lead_s = FORECAST_LEAD_S
@@ -356,7 +361,6 @@ class Tidal(Autoscaled):
         self.shrunk_at: dict[str, float] = {}
         self.waiting = False
         self.evicted: list[tuple[float, int]] = []  # (when, GPUs) for the disruption budget
-        self.targets: dict[str, int] = {}
         self.stuck: set[str] = set()
 
     def budget_left(self, sim: Simulation) -> int | None:
@@ -368,16 +372,11 @@ class Tidal(Autoscaled):
     def tick(self, sim: Simulation) -> None:
         self.waiting = False
         self.stuck.clear()
-        for pool in sim.pools.values():
-            self.targets[pool.name] = self.target(sim, pool)
-            sim.remove_replicas(pool, self.targets[pool.name])
-            self.make_room(sim, pool, self.targets[pool.name])
+        super().tick(sim)
 
     def after_checkpoint(self, sim: Simulation) -> None:
         self.waiting = False
-        for pool in sim.pools.values():
-            self.make_room(sim, pool, self.targets.get(pool.name, 0))
-        self.admit(sim)
+        super().after_checkpoint(sim)
 
     def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
         need = target - len(pool.replicas)
