@@ -40,7 +40,8 @@ def prometheus():
             url = urlparse(self.path)
             query = parse_qs(url.query)["query"][0]
             queries.append((url.path, query))
-            value = "NaN" if "ratio" in query else "17.25"  # 0/0 in a ratio: Prometheus answers NaN
+            # 0/0 in a ratio: Prometheus answers NaN; a deriv() or a difference can dip below 0.
+            value = "NaN" if "ratio" in query else "-3.5" if "deriv" in query else "17.25"
             result = [] if "empty" in query else [{"metric": {}, "value": [1700000000, value]}]
             body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
             self.send_response(200)
@@ -72,6 +73,8 @@ def test_prometheus_instant_query_goes_to_the_named_source(prometheus):
     assert rate is None and "failed (ValueError)" in error
     rate, error = read_load(pool({**load, "prometheus": {"server": "main", "query": "ratio"}}), sources)
     assert rate is None and "failed (ValueError)" in error, "NaN is no rate"
+    below = read_load(pool({**load, "prometheus": {"server": "main", "query": "deriv(x[5m])"}}), sources)
+    assert below == (0.0, None), "no load, as for the annotation (status.load.currentRate must be >= 0)"
     rate, error = read_load(pool(load), {"main": "http://127.0.0.1:9"})
     assert rate is None and error.startswith("query to Prometheus load source 'main' failed")
 

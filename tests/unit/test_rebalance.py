@@ -423,6 +423,11 @@ def test_an_eviction_is_called_off_when_the_pool_no_longer_wants_the_room():
     assert checkpoint["status"] == "False" and checkpoint["reason"] == "Cancelled"
     assert "wants 0 replica(s) and has" in checkpoint["message"]
     assert [e for e in cluster.calls if e[0] == "event" and e[1][1] == "EvictionCancelled"]
+    requested = cluster.get("TrainingJob", "ml", "pretrain").annotations["tidal.dev/checkpoint-requested"]
+    called_off = {"tidal.dev/checkpoint-cancelled": requested}
+    assert called_off.items() <= cluster.get("TrainingJob", "ml", "pretrain").annotations.items()
+    for pod in cluster.pods_of("tidal.dev/job", "pretrain"):
+        assert called_off.items() <= pod["metadata"]["annotations"].items(), "the trainer learns it stands down"
 
 
 def test_an_eviction_for_a_pool_still_short_of_replicas_goes_ahead():
@@ -433,7 +438,20 @@ def test_an_eviction_for_a_pool_still_short_of_replicas_goes_ahead():
     assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 12
 
 
-def test_an_eviction_for_a_deleted_pool_is_called_off():
+def test_an_eviction_for_a_pool_deleted_and_made_again_under_its_name_is_called_off():
+    cluster, clock, controller = load_spike()
+    pool = cluster.get("InferencePool", "serve", "chat")
+    clock.advance(minutes=1)  # made again after the eviction was asked for: no status, no load yet
+    cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(
+        pool, uid="chat-2", created=rfc3339(clock.now()), status={}, annotations={}
+    )
+    run(cluster, controller, cycles=1)
+    job = cluster.status("TrainingJob", "ml", "pretrain")
+    assert "eviction" not in job and job["currentDP"] == 4
+
+
+@pytest.mark.parametrize("gone", ["deleted", "being deleted"])
+def test_an_eviction_for_a_deleted_pool_is_called_off(gone: str):
     cluster = day_cluster()
     clock = FixedClock(at("06:00"))
     controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
@@ -441,7 +459,9 @@ def test_an_eviction_for_a_deleted_pool_is_called_off():
     clock.at = at("08:00")
     run(cluster, controller)
     assert cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["by"] == "InferencePool serve/chat"
-    del cluster.objects[("InferencePool", "serve", "chat")]
+    pool = cluster.objects.pop(("InferencePool", "serve", "chat"))
+    if gone == "being deleted":  # a finalizer holds it: it still shows, with a deletionTimestamp
+        cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(pool, deleting=True)
     clock.advance(minutes=11)
     run(cluster, controller)
     job = cluster.status("TrainingJob", "ml", "pretrain")
@@ -519,5 +539,67 @@ def test_the_window_and_the_cooldown_are_operator_flags():
     assert Controller(
         FakeCluster("nvl72", 1), FixedClock(at("12:00")), ControllerSettings(rebalance=rebalance_settings(args))
     ).demand.window == dt.timedelta(minutes=30)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["run", "--scale-down-stabilization", "0"])
+    for bad in ("0", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--scale-down-stabilization", bad])
+
+
+def test_a_restart_after_the_spike_ends_still_calls_the_eviction_off():
+    # The restart seed once took the status' desired (12, of which 4 placed) as seen anew: the
+    # pool asked for 8 unplaced replicas for another window and the shrink went ahead for them.
+    cluster, clock, controller = load_spike()  # a shrink asked at 12:00, 600 s grace
+    clock.advance(minutes=1)
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    run(cluster, controller, cycles=1)
+    clock.at = at("12:08")  # the operator was down since 12:01
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    for _ in range(4):
+        run(cluster, controller, cycles=1)
+        clock.advance(minutes=1)
+    job = cluster.status("TrainingJob", "ml", "pretrain")
+    assert job["currentDP"] == 4 and "eviction" not in job
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] <= 4
+
+
+def test_the_window_never_holds_more_than_max_replicas():
+    cluster, clock, controller = load_spike()
+    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
+    run(cluster, controller)
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 12
+    pool = cluster.get("InferencePool", "serve", "chat")
+    cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(
+        pool, spec={**pool.spec, "maxReplicas": 4}
+    )
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    for restart in (False, True):  # within the window, live and after a restart
+        if restart:
+            controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+        clock.advance(minutes=1)
+        run(cluster, controller)
+        status = cluster.get("InferencePool", "serve", "chat").status
+        assert status["desiredReplicas"] == 4 and status["placedReplicas"] == 4, status["reason"]
+
+
+@pytest.mark.parametrize(("waiting_on", "night_dp"), [("nvidia.com/gpu", 3), ("example.com/none", 4)])
+def test_a_pool_waiting_for_freed_gpus_holds_back_growth_on_its_accelerator_only(
+    monkeypatch: pytest.MonkeyPatch, waiting_on: str, night_dp: int
+):
+    from tidal.k8s import controller as controller_module
+
+    real = controller_module.rebalance_pools
+
+    def also_waiting(*args, **kwargs):  # some pool waits for GPUs being freed on `waiting_on`
+        return real(*args, **kwargs) | {waiting_on}
+
+    cluster, clock, controller = load_spike()
+    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 3
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    monkeypatch.setattr(controller_module, "rebalance_pools", also_waiting)
+    clock.advance(minutes=30)  # past the window and the grow-back cooldown
+    run(cluster, controller, cycles=4)
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 0
+    assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == night_dp

@@ -25,3 +25,5 @@ after an elastic resize; each pod sees it as a file (manifests.WORLD_MOUNT), as 
 CURRENT_DP = "tidal.dev/dp"
 CHECKPOINT_REQUESTED = "tidal.dev/checkpoint-requested"
 CHECKPOINT_DONE = "tidal.dev/checkpoint-done"
+CHECKPOINT_CANCELLED = "tidal.dev/checkpoint-cancelled"
+"""Set to the request's time on a job and its pods when the eviction asked for is called off."""

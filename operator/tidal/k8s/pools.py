@@ -247,7 +247,7 @@ def prometheus_instant(url: str, query: str) -> float:
     rate = float(results[0]["value"][1])
     if not math.isfinite(rate):  # 0/0 in a ratio query is NaN; Prometheus sends it as "NaN"
         raise ValueError(f"the query returned {rate}, not a finite number")
-    return rate
+    return max(rate, 0.0)  # a deriv() or a difference can dip below 0: no load, as for the annotation
 
 
 def replica_pods(view: ResourceView, replica: dict[str, Any], claim: str | None = None) -> dict[str, dict[str, Any]]:

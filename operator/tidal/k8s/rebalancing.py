@@ -129,7 +129,12 @@ def _rebalance_pool(
         return False
     rate, error = pool_load(view, settings.load_sources, loads)
     raw, why = desired_replicas(view.spec, cyc.now, rate)
-    desired = tracker.stabilized(view.uid, cyc.now, raw, status.get("desiredReplicas"))
+    # After a restart the window starts from the replicas the pool had placed and still wanted
+    # (warm ones are not dropped early; demand it never got is not asked for again).
+    held = [status.get("desiredReplicas"), status.get("placedReplicas")]
+    seed = min(held) if None not in held else None
+    # Within maxReplicas: a window or a seed from before the pool's maximum was lowered holds no more.
+    desired = min(tracker.stabilized(view.uid, cyc.now, raw, seed), view.spec["maxReplicas"])
     if desired > raw:
         why = f"holding {desired} for the scale-down stabilization window (now {raw}: {why})"
     floor, _ = schedule_floor(view.spec.get("schedule"), view.spec.get("minReplicas", 0), cyc.now)

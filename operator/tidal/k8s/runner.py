@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import math
 import os
 import re
 import socket
@@ -109,7 +110,7 @@ def load_sources(values: list[str]) -> dict[str, str]:
 
 def _positive_seconds(value: str) -> float:
     seconds = float(value)
-    if not seconds > 0:
+    if not 0 < seconds < math.inf:
         raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds above 0")
     return seconds
 

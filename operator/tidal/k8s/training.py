@@ -747,7 +747,8 @@ def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
         return None
     namespace, _, name = by.removeprefix("InferencePool ").partition("/")
     pool = cyc.state.pools.get((namespace, name))
-    if pool is None or pool.deleting:
+    created, asked = parse_time(pool.created) if pool else None, parse_time(eviction.get("requestedAt"))
+    if pool is None or pool.deleting or (created and asked and created > asked):  # (or made again since)
         return f"InferencePool {namespace}/{name} is gone"
     status = cyc.writer.effective(pool)
     desired, placed = status.get("desiredReplicas"), status.get("placedReplicas")
@@ -770,6 +771,11 @@ def _continue_eviction(
     if unwanted:
         message = f"{eviction['reason']} by {eviction['by']} called off: {unwanted}; nothing evicted"
         cyc.event(view, "EvictionCancelled", message)
+        # The trainer that saw the request learns it stands down: keep training at this size.
+        called_off = {labels.CHECKPOINT_CANCELLED: eviction["requestedAt"]}
+        cyc.annotate("TrainingJob", view.namespace, view.name, called_off)
+        for pod in sorted(pods.values(), key=lambda p: p.name):
+            cyc.annotate("Pod", pod.namespace, pod.name, called_off)
         cyc.count(f"evictions_cancelled:{eviction['reason']}")
         conditions = set_condition(
             status.get("conditions", []), "CheckpointRequested", False, "Cancelled", message, cyc.stamp

@@ -23,6 +23,7 @@ EMPTY_WINDOW = (
 class ScheduleWindow(ApiModel):
     """A daily time window with a replica floor; an end before the start wraps past midnight."""
 
+    # The API server refuses an empty window (start == end); one stored before is never open.
     model_config = ApiModel.model_config | {
         "json_schema_extra": {
             "x-kubernetes-validations": [
@@ -36,18 +37,16 @@ class ScheduleWindow(ApiModel):
     end: str = Field(pattern=HHMM, max_length=5, description="Local end time, HH:MM (exclusive).")
     min_replicas: int = Field(ge=0, le=100_000, description="Replica floor while the window is open.")
 
-    @model_validator(mode="after")
-    def _not_empty(self) -> ScheduleWindow:
-        if self.start == self.end:
-            raise ValueError(EMPTY_WINDOW)
-        return self
-
 
 class ScheduleSpec(ApiModel):
     """Time-of-day replica floors; outside every window the pool's minReplicas applies."""
 
     timezone: str = Field(default="UTC", description="IANA time zone of the windows, e.g. Asia/Shanghai.")
-    windows: list[ScheduleWindow] = Field(default_factory=list, max_length=48, description="Daily windows.")
+    # maxItems, like the empty-window rule, is the API server's check alone: it refuses new
+    # objects, while a pool stored before keeps being served (not frozen as InvalidSpec).
+    windows: list[ScheduleWindow] = Field(
+        default_factory=list, json_schema_extra={"maxItems": 48}, description="Daily windows."
+    )
 
     @field_validator("timezone")
     @classmethod
