@@ -438,13 +438,17 @@ def test_an_eviction_for_a_pool_still_short_of_replicas_goes_ahead():
     assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 12
 
 
-def test_an_eviction_for_a_pool_deleted_and_made_again_under_its_name_is_called_off():
+def test_an_eviction_for_a_pool_made_again_under_its_name_that_wants_nothing_is_called_off():
+    # Judged by what the new pool wants (its first status), not by creationTimestamp against the
+    # request's time: the API server's clock and the operator's are not one clock.
     cluster, clock, controller = load_spike()
     pool = cluster.get("InferencePool", "serve", "chat")
     clock.advance(minutes=1)  # made again after the eviction was asked for: no status, no load yet
     cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(
-        pool, uid="chat-2", created=rfc3339(clock.now()), status={}, annotations={}
+        pool, uid="chat-2", created="2099-01-01T00:00:00Z", status={}, annotations={}
     )
+    run(cluster, controller, cycles=1)
+    assert "eviction" in cluster.status("TrainingJob", "ml", "pretrain"), "a pool with no status yet: no verdict"
     run(cluster, controller, cycles=1)
     job = cluster.status("TrainingJob", "ml", "pretrain")
     assert "eviction" not in job and job["currentDP"] == 4

@@ -747,8 +747,9 @@ def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
         return None
     namespace, _, name = by.removeprefix("InferencePool ").partition("/")
     pool = cyc.state.pools.get((namespace, name))
-    created, asked = parse_time(pool.created) if pool else None, parse_time(eviction.get("requestedAt"))
-    if pool is None or pool.deleting or (created and asked and created > asked):  # (or made again since)
+    # Not told apart by creationTimestamp against requestedAt: those are two clocks (the API
+    # server's and the operator's). A pool made again under the name is judged by what it wants.
+    if pool is None or pool.deleting:
         return f"InferencePool {namespace}/{name} is gone"
     status = cyc.writer.effective(pool)
     desired, placed = status.get("desiredReplicas"), status.get("placedReplicas")
