@@ -28,6 +28,7 @@ from tidal.k8s.training import (
     holds_gpus,
     job_domain_problem,
     job_request,
+    pool_evictor,
     shape_of,
     start_eviction,
     summary_fields,
@@ -231,12 +232,11 @@ def _grow(
         scratch = without_evictions_in_flight(cyc, jobs)
     plan = plan_capacity(scratch, _request(cyc, view, remaining), running_gangs(cyc, jobs), left)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}
+    evictor = pool_evictor(view)
     for eviction in plan.evictions:
         victim, victim_status = by_uid[eviction.gang]
         replicas = [] if eviction.whole else list(eviction.replicas)
-        new = start_eviction(
-            cyc, victim, victim_status, reason=REBALANCED, by=f"InferencePool {view.ref}", replicas=replicas
-        )
+        new = start_eviction(cyc, victim, victim_status, reason=REBALANCED, by=evictor, replicas=replicas)
         jobs[victim.uid] = (victim, new)
         cyc.write_status(victim, new)
         cyc.count(f"moves:from-training:{'suspend' if eviction.whole else 'shrink'}")
@@ -245,9 +245,7 @@ def _grow(
         # Its quota share too: a job of its namespace admitted meanwhile would leave the evictions
         # it caused for nothing (the replicas would then be refused by the quota).
         cyc.hold(view, plan.placement.gpus_by_node())
-    in_flight = [
-        v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == f"InferencePool {view.ref}"
-    ]
+    in_flight = [v.ref for v, s in jobs.values() if s.get("eviction") and s["eviction"].get("by") == evictor]
     if in_flight:
         status["reason"] += (
             f"; {remaining} replica(s) waiting for {len(in_flight)} training job(s) to checkpoint: "

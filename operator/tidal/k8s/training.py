@@ -724,18 +724,27 @@ def _grace_deadline(cyc: Cycle, view: ResourceView) -> str:
     return rfc3339(cyc.now + dt.timedelta(seconds=_grace_seconds(view)))
 
 
-def _ask_for_checkpoint(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], requested: str) -> list[str]:
-    """The tidal.dev/checkpoint-requested annotation on the job and every pod (idempotent); returns
-    the objects it is not yet seen on (sent again now)."""
+def _annotate_job_and_pods(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], key: str, value: str) -> list[str]:
+    """`key=value` on the job and every pod (idempotent: sent only where not yet seen); returns the
+    objects it is not yet seen on (sent now)."""
     unseen = []
-    if view.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
-        cyc.annotate("TrainingJob", view.namespace, view.name, {labels.CHECKPOINT_REQUESTED: requested})
+    if view.annotations.get(key) != value:
+        cyc.annotate("TrainingJob", view.namespace, view.name, {key: value})
         unseen.append(view.ref)
     for pod in sorted(pods.values(), key=lambda p: p.name):
-        if pod.annotations.get(labels.CHECKPOINT_REQUESTED) != requested:
-            cyc.annotate("Pod", pod.namespace, pod.name, {labels.CHECKPOINT_REQUESTED: requested})
+        if pod.annotations.get(key) != value:
+            cyc.annotate("Pod", pod.namespace, pod.name, {key: value})
             unseen.append(f"pod {pod.name}")
     return unseen
+
+
+POOL_EVICTOR = "InferencePool "
+"""How `status.eviction.by` names the InferencePool an eviction is for (`pool_evictor`)."""
+
+
+def pool_evictor(pool: ResourceView) -> str:
+    """`status.eviction.by` of an eviction for this pool; `_no_longer_wanted` reads it back."""
+    return f"{POOL_EVICTOR}{pool.ref}"
 
 
 def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
@@ -743,18 +752,18 @@ def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
     gone, or the replicas it last wanted are all placed (its load fell back within the grace
     period). Taking the GPUs anyway would lose progress for room nobody wants."""
     by = eviction.get("by") or ""
-    if not by.startswith("InferencePool "):
+    if not by.startswith(POOL_EVICTOR):
         return None
-    namespace, _, name = by.removeprefix("InferencePool ").partition("/")
+    namespace, _, name = by.removeprefix(POOL_EVICTOR).partition("/")
     pool = cyc.state.pools.get((namespace, name))
     # Not told apart by creationTimestamp against requestedAt: those are two clocks (the API
     # server's and the operator's). A pool made again under the name is judged by what it wants.
     if pool is None or pool.deleting:
-        return f"InferencePool {namespace}/{name} is gone"
+        return f"{by} is gone"
     status = cyc.writer.effective(pool)
     desired, placed = status.get("desiredReplicas"), status.get("placedReplicas")
     if desired is not None and placed is not None and desired <= placed:
-        return f"InferencePool {namespace}/{name} wants {desired} replica(s) and has {placed}"
+        return f"{by} wants {desired} replica(s) and has {placed}"
     return None
 
 
@@ -773,16 +782,13 @@ def _continue_eviction(
         message = f"{eviction['reason']} by {eviction['by']} called off: {unwanted}; nothing evicted"
         cyc.event(view, "EvictionCancelled", message)
         # The trainer that saw the request learns it stands down: keep training at this size.
-        called_off = {labels.CHECKPOINT_CANCELLED: eviction["requestedAt"]}
-        cyc.annotate("TrainingJob", view.namespace, view.name, called_off)
-        for pod in sorted(pods.values(), key=lambda p: p.name):
-            cyc.annotate("Pod", pod.namespace, pod.name, called_off)
+        _annotate_job_and_pods(cyc, view, pods, labels.CHECKPOINT_CANCELLED, eviction["requestedAt"])
         cyc.count(f"evictions_cancelled:{eviction['reason']}")
         conditions = set_condition(
             status.get("conditions", []), "CheckpointRequested", False, "Cancelled", message, cyc.stamp
         )
         return {**{k: v for k, v in status.items() if k != "eviction"}, "conditions": conditions}
-    unseen = _ask_for_checkpoint(cyc, view, pods, eviction["requestedAt"])
+    unseen = _annotate_job_and_pods(cyc, view, pods, labels.CHECKPOINT_REQUESTED, eviction["requestedAt"])
     done = checkpoint_done(view, eviction["requestedAt"])
     if not eviction.get("askedAt"):
         # The first cycle that sends the request (or finds it in place): the grace period starts

@@ -68,9 +68,10 @@ class DemandTracker:
     history: dict[str, list[tuple[dt.datetime, int]]] = field(default_factory=dict)
 
     def stabilized(self, pool: str, now: dt.datetime, desired: int, last: int | None = None) -> int:
-        """The largest desired value of the window. `last`: the desired value the pool's status
-        holds, taken as seen now when this tracker has no history of the pool (a restarted or new
-        active operator), so a restart never skips the window and drops warm replicas at once."""
+        """The largest desired value of the window. `last`: what the pool last held and still
+        wanted (the operator passes its status' placed replicas, at most its desired ones), taken
+        as seen now when this tracker has no history of the pool (a restarted or new active
+        operator), so a restart never skips the window and drops warm replicas at once."""
         if pool not in self.history and last is not None:
             self.history[pool] = [(now, last)]
         points = [(t, d) for t, d in self.history.get(pool, []) if now - t < self.window and t <= now]
