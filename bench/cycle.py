@@ -103,7 +103,7 @@ class RecordingApi:
         self._feed("pod", (meta["namespace"], meta["name"]), pod_view(bound))
         return True
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str = "") -> None:
         self.requests["delete_pod"] += 1
         self._feed("pod", (namespace, name), None)
 

@@ -289,3 +289,21 @@ def test_list_keys_names_every_object_of_each_kind_across_pages(kube: Kube, name
     assert len(api.list_keys("node")) > 2 and api.requests["list_keys:node"] >= 2, "more than one page"
     page = json.loads(api._list_page("node")(limit=1).data)
     assert page["kind"] == "PartialObjectMetadataList" and "spec" not in page["items"][0], "metadata only"
+
+
+def test_a_pod_delete_with_a_uid_removes_only_that_pod_not_a_successor_of_its_name(kube: Kube, namespace: str):
+    """k8s/api.py delete_pod: the uid goes as a precondition, so a delete decided on a pod another
+    leader has since replaced (same name, new uid) leaves the new pod alone and still counts as done."""
+    api = Api(load_client(str(kube.kubeconfig)), workers=1)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rank-0", "namespace": namespace}, **TEMPLATE}
+    kube.apply(pod)
+    first = kube.get("pod", "rank-0", "-n", namespace)["metadata"]["uid"]
+    api.delete_pod(namespace, "rank-0", 0, first)
+    eventually(lambda: not kube.get("pods", "-n", namespace)["items"], timeout=30, what="rank-0 gone")
+    kube.apply(pod)
+    second = kube.get("pod", "rank-0", "-n", namespace)["metadata"]["uid"]
+    assert second != first
+    api.delete_pod(namespace, "rank-0", 0, first)  # the old decision: refused (409), not raised
+    assert kube.get("pod", "rank-0", "-n", namespace)["metadata"]["uid"] == second
+    api.delete_pod(namespace, "rank-0", 0, second)
+    eventually(lambda: not kube.get("pods", "-n", namespace)["items"], timeout=30, what="rank-0 deleted by its uid")

@@ -156,8 +156,11 @@ class FakeCluster:
         self.pods[key] = body
         return True
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str = "") -> None:
         self._log("delete_pod", name)
+        pod = self.pods.get((namespace, name))
+        if pod is not None and uid and pod["metadata"].get("uid") != uid:
+            return  # the API server's uid precondition: another pod of that name is kept
         self.pods.pop((namespace, name), None)
 
     def remove_gate(self, namespace: str, name: str, gate: str, gates: list[str]) -> None:

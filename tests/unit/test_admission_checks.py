@@ -388,7 +388,7 @@ class Kubelets(FakeCluster):
         super().__init__(*args)
         self.graces: list[tuple[str, int | None]] = []
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str = "") -> None:
         self.graces.append((name, grace_seconds))
         pod = self.pods.get((namespace, name))
         node: NodeView | None = self.nodes.get((pod or {}).get("spec", {}).get("nodeName") or "")

@@ -170,12 +170,12 @@ class FailingDeletes(FakeCluster):
         super().__init__(*args)
         self.failed: set[str] = set()
 
-    def delete_pod(self, namespace, name, grace_seconds=None):
+    def delete_pod(self, namespace, name, grace_seconds=None, uid=""):
         if name not in self.failed:
             self.failed.add(name)
             self._log("delete_pod_failed", name)
             raise RuntimeError("(500) Internal Server Error")
-        super().delete_pod(namespace, name, grace_seconds)
+        super().delete_pod(namespace, name, grace_seconds, uid)
 
 
 def test_a_pod_delete_the_api_failed_is_tried_again():

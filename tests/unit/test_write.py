@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tidal.k8s import labels
-from tidal.k8s.cycle import ActionPlan
+from tidal.k8s.cycle import ActionPlan, PodDelete
 from tidal.k8s.state import ResourceView
 from tidal.k8s.write import apply_actions
 
@@ -53,7 +53,7 @@ class Recorder:
     def annotate_pod(self, namespace, name, annotations):
         self._do("annotate", name)
 
-    def delete_pod(self, namespace, name, grace=None):
+    def delete_pod(self, namespace, name, grace=None, uid=""):
         self._do("delete_pod", name)
 
     def delete_compute_domain(self, namespace, name):
@@ -90,7 +90,7 @@ def full_plan() -> ActionPlan:
     plan.services.append(body("job", (labels.JOB, "job")))
     plan.domain_creates.append(body("job-cd", (labels.JOB, "job")))
     plan.domain_deletes.append(("ns", "gone-cd"))
-    plan.pod_deletes.append(("ns", "gone-0", None))
+    plan.pod_deletes.append(PodDelete("ns", "gone-0"))
     plan.annotations.append(("Pod", "ns", "victim-0", {"a": "b"}))
     plan.events.append((view("TrainingJob", "job"), "Admitted", "placed", False))
     plan.statuses.append((view("TrainingJob", "job"), {"phase": "Admitted"}))
@@ -144,10 +144,10 @@ def test_a_refused_pool_domain_holds_back_that_pools_pods_only():
 def test_failed_deletes_are_reported_and_succeeded_domain_deletes_remembered():
     rec = Recorder(fail={"gone-0", "gone-cd"})
     plan = ActionPlan()
-    plan.pod_deletes += [("ns", "gone-0", None), ("ns", "gone-1", 0)]
+    plan.pod_deletes += [PodDelete("ns", "gone-0", None, "u0"), PodDelete("ns", "gone-1", 0, "u1")]
     plan.domain_deletes += [("ns", "gone-cd"), ("ns", "old-cd")]
     applied = apply_actions(plan, rec, rec)
-    assert applied.failed_pod_deletes == {("ns", "gone-0")}
+    assert [d.uid for d in applied.failed_pod_deletes] == ["u0"]
     assert applied.deleted_domains == {("ns", "old-cd")}
 
 
@@ -165,12 +165,30 @@ def test_a_refused_status_gets_its_job_no_domain_and_no_pods_and_stops_no_pool()
     assert applied.withheld_pods == 1 and applied.withheld_domains == 1
 
 
+def test_a_refused_status_withholds_its_own_pod_deletes_and_reports_them_for_the_next_cycle():
+    # The decision to delete rested on a status another writer has since changed (say, a new
+    # leader during a handover): the next cycle decides again from the status the server holds.
+    rec = Recorder(refuse={"a"})
+    plan = ActionPlan()
+    plan.statuses.append((view("TrainingJob", "a"), {"phase": "Admitted"}))
+    plan.statuses.append((view("TrainingJob", "b"), {"phase": "Admitted"}))
+    plan.pod_deletes += [
+        PodDelete("ns", "a-0", None, "ua", ("TrainingJob", "ns", "a")),
+        PodDelete("ns", "b-0", None, "ub", ("TrainingJob", "ns", "b")),
+        PodDelete("ns", "p-0", None, "up", ("InferencePool", "ns", "a")),  # another kind's "a"
+        PodDelete("ns", "x-0", None, "ux"),  # no tidal owner: nothing to wait for
+    ]
+    applied = apply_actions(plan, rec, rec)
+    assert [n for v, n in rec.calls if v == "delete_pod"] == ["b-0", "p-0", "x-0"]
+    assert [d.uid for d in applied.failed_pod_deletes] == ["ua"] and applied.withheld_pod_deletes == 1
+
+
 def test_any_exception_fails_only_that_object():
     rec = Recorder(fail={"job", "gone-0", "gone-cd", "job-0", "old-0", "pool-0", "victim-0"})
     plan = full_plan()
     plan.statuses.append((view("TrainingJob", "other"), {"phase": "Admitted"}))
     plan.pod_creates.append(body("other-0", (labels.JOB, "other")))
-    plan.pod_deletes.append(("ns", "gone-1", None))
+    plan.pod_deletes.append(PodDelete("ns", "gone-1"))
     applied = apply_actions(plan, rec, rec)
     assert applied.failed_statuses == {("TrainingJob", "ns", "job")}
     assert ("create_pod", "other-0") in rec.calls and ("delete_pod", "gone-1") in rec.calls

@@ -203,13 +203,21 @@ class Api:
                 return False
             raise
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str = "") -> None:
+        """Delete the pod; with `uid`, only that pod: a 409 says the name now holds another pod,
+        so the one meant is gone, as with a 404."""
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
         try:
             self._call(
-                "delete_pod", self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace_seconds
+                "delete_pod",
+                self.core.delete_namespaced_pod,
+                name,
+                namespace,
+                body=body,
+                grace_period_seconds=grace_seconds,
             )
         except ApiException as e:
-            if e.status != 404:
+            if e.status not in (404, 409):
                 raise
 
     def remove_gate(self, namespace: str, name: str, gate: str, gates: list[str]) -> None:

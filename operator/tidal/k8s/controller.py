@@ -379,8 +379,8 @@ class Controller:
             cyc.count(key, n)
         written = time.monotonic()
         self.domains_deleted = frozenset(applied.deleted_domains)
-        for key in applied.failed_pod_deletes:
-            cyc.deleted_uids.discard(cyc.plan.delete_uids.get(key, ""))
+        for delete in applied.failed_pod_deletes:
+            cyc.deleted_uids.discard(delete.uid)
         self._update_supernodes(cyc)
         supernodes_written = time.monotonic()
         self.nudger.nudge(self.api, chain(cache.jobs.values(), cache.pools.values(), cache.supernodes.values()))

@@ -31,12 +31,33 @@ from tidal.topology.snapshot import ClusterSnapshot
 log = structlog.get_logger("tidal")
 
 
+@dataclass(frozen=True)
+class PodDelete:
+    """One pod to delete, as the cycle saw it."""
+
+    namespace: str
+    name: str
+    grace_seconds: int | None = None
+    uid: str = ""
+    """Sent as a precondition: a pod of the same name made since (by a new leader during a
+    handover) is another pod, and its delete is refused (409), not carried out."""
+    owner: tuple[str, str, str] | None = None
+    """(kind, namespace, name) of the tidal workload whose decision this is: with that workload's
+    status write refused, the decision rested on a status someone else has since changed, and the
+    delete waits for the next cycle, which decides again (as the workload's pod creations do)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+
 @dataclass
 class ActionPlan:
     """What one cycle decided to change in the cluster; `k8s/write.apply_actions` applies it in
     this order: statuses (a placement is recorded before its pods exist), events, annotations,
-    pod deletions, ComputeDomain deletions, ComputeDomain creations and rendezvous Services, gate
-    removals, pod creations (none for a workload whose status, domain or Service was refused),
+    pod deletions (none for a workload whose status was refused), ComputeDomain deletions,
+    ComputeDomain creations and rendezvous Services, gate removals, pod creations (none for a
+    workload whose status, domain or Service was refused),
     pod label merges, pool Services."""
 
     statuses: list[tuple[ResourceView, dict[str, Any]]] = field(default_factory=list)
@@ -45,10 +66,7 @@ class ActionPlan:
     """(object, reason, message, warning)."""
     annotations: list[tuple[str, str | None, str, dict[str, str]]] = field(default_factory=list)
     """(kind, namespace, name, annotations); kind "Pod" for a pod."""
-    pod_deletes: list[tuple[str, str, int | None]] = field(default_factory=list)
-    delete_uids: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(namespace, name) -> uid of each pod delete, so a failed delete is forgotten in
-    `Cycle.deleted_uids` and tried again (see write.Applied.failed_pod_deletes)."""
+    pod_deletes: list[PodDelete] = field(default_factory=list)
     domain_deletes: list[tuple[str, str]] = field(default_factory=list)
     """(namespace, name) of ComputeDomains to delete (after the pods that claimed them)."""
     domain_creates: list[dict[str, Any]] = field(default_factory=list)
@@ -156,7 +174,7 @@ class Cycle:
         return self.plan.pod_creates
 
     @property
-    def pod_deletes(self) -> list[tuple[str, str, int | None]]:
+    def pod_deletes(self) -> list[PodDelete]:
         return self.plan.pod_deletes
 
     @property
@@ -207,8 +225,8 @@ class Cycle:
         # Otherwise a caller's "at once" becomes the shortest grace that still waits for the kubelet.
         grace = 0 if fenced else 1 if grace_seconds == 0 else grace_seconds
         self.deleted_uids.add(pod.uid)
-        self.plan.delete_uids[(pod.namespace, pod.name)] = pod.uid
-        self.pod_deletes.append((pod.namespace, pod.name, grace))
+        owner = None if pod.owner is None else (pod.owner[0], pod.namespace, pod.owner[1])
+        self.pod_deletes.append(PodDelete(pod.namespace, pod.name, grace, pod.uid, owner))
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""
