@@ -110,6 +110,12 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
     [
         (training_job("bad-tp", tp=0), "spec.tp", "should be greater than or equal to 1"),
         (training_job("bad-gpp", tp=8, ep=1, gpusPerPod=6), "spec.gpusPerPod", "must divide tp*ep"),
+        # An elastic job whose pod holds ranks of two DP replicas: no replica could be given back alone.
+        (
+            training_job("bad-span", tp=1, ep=1, pp=1, dp=16, gpusPerPod=8, elastic={"minDP": 8, "maxDP": 16}),
+            "spec.gpusPerPod",
+            "two DP replicas",
+        ),
         (training_job("bad-dp", dp=8, elastic={"minDP": 1, "maxDP": 4}), "spec.dp", "elastic.minDP"),
         (inference_pool("bad-replicas", minReplicas=-1), "spec.minReplicas", "greater than or equal to 0"),
         (inference_pool("bad-range", minReplicas=5, maxReplicas=2), "spec.minReplicas", "<= maxReplicas"),

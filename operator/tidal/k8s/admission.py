@@ -145,11 +145,15 @@ def running_gangs(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, 
         if not holds_gpus(status) or status.get("eviction"):
             continue
         shape = shape_of(view, status)
-        replicas: list[list[tuple[str, int]]] = [[] for _ in range(shape.dp)]
-        for group in status["placement"]:
-            r = shape.replica_of_group(group["group"])
-            replicas[r].extend((node, shape.gpus_per_pod) for node in group["nodes"])
         elastic = view.spec.get("elastic")
+        if shape.pods_span_replicas:  # one unit, taken whole (an elastic one was stored before the rule)
+            replicas = [[(node, shape.gpus_per_pod) for group in status["placement"] for node in group["nodes"]]]
+            elastic = None
+        else:
+            replicas = [[] for _ in range(shape.dp)]
+            for group in status["placement"]:
+                r = shape.replica_of_group(group["group"])
+                replicas[r].extend((node, shape.gpus_per_pod) for node in group["nodes"])
         gangs.append(
             RunningGang(
                 name=view.uid,

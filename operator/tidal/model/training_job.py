@@ -59,6 +59,12 @@ class TrainingJobSpec(ApiModel):
                     "fieldPath": ".gpusPerPod",
                 },
                 {
+                    "rule": "!has(self.elastic) || (self.tp * self.ep * self.pp) % self.gpusPerPod == 0",
+                    "message": "spec.gpusPerPod: must divide tp*ep*pp in an elastic job (a pod may not hold ranks "
+                    "of two DP replicas)",
+                    "fieldPath": ".gpusPerPod",
+                },
+                {
                     "rule": "(self.tp * self.ep * self.pp * self.dp) % self.gpusPerPod == 0",
                     "message": "spec.gpusPerPod: must divide the world size tp*ep*pp*dp",
                     "fieldPath": ".gpusPerPod",
@@ -78,7 +84,10 @@ class TrainingJobSpec(ApiModel):
     pp: int = Field(default=1, ge=1, le=1024, description="Pipeline-parallel degree (stages).")
     dp: int = Field(default=1, ge=1, le=100_000, description="Data-parallel degree (replicas).")
     gpus_per_pod: int = Field(
-        ge=1, le=128, description="Accelerators per pod; must divide tp*ep or be a multiple of it."
+        ge=1,
+        le=128,
+        description="Accelerators per pod; must divide tp*ep or be a multiple of it (and divide tp*ep*pp "
+        "in an elastic job).",
     )
     accelerator: str = Field(
         default=DEFAULT_ACCELERATOR,
@@ -112,6 +121,12 @@ class TrainingJobSpec(ApiModel):
                 f"spec.gpusPerPod: {self.gpus_per_pod} does not divide the world size tp*ep*pp*dp={self.world_size}"
             )
         if self.elastic is not None:
+            replica = hbd * self.pp
+            if replica % self.gpus_per_pod:
+                raise ValueError(
+                    f"spec.gpusPerPod: {self.gpus_per_pod} does not divide tp*ep*pp={replica} in an elastic job: a "
+                    "pod would hold ranks of two DP replicas, so no replica could be given back alone"
+                )
             e = self.elastic
             if e.min_dp > e.max_dp:
                 raise ValueError(f"spec.elastic.minDP: {e.min_dp} is greater than maxDP={e.max_dp}")

@@ -47,6 +47,13 @@ class GangShape:
         return self.world_size // self.group_gpus
 
     @property
+    def pods_span_replicas(self) -> bool:
+        """A pod holds ranks of two DP replicas (gpusPerPod does not divide tp*ep*pp; plain data
+        parallelism with 8 GPUs a pod): no replica can be given back alone, so the gang is taken
+        whole or not at all (the schema refuses the shape in an elastic job)."""
+        return (self.tp * self.ep * self.pp) % self.gpus_per_pod != 0
+
+    @property
     def groups_per_replica(self) -> int:
         return self.groups // self.dp
 
