@@ -431,7 +431,7 @@ def test_pods_of_a_not_ready_node_are_not_force_deleted_and_their_group_waits_fo
     cluster.gc()
     run(cluster, controller, cycles=3)
     status = cluster.status("TrainingJob", "ml", "job")
-    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert status["phase"] == "Running" and status.get("restarts", 0) == 0  # a lost node: not charged
     assert cluster.pods[("ml", "job-0")]["spec"]["nodeName"] in status["placement"][0]["nodes"]
 
 

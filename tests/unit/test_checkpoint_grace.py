@@ -2,7 +2,10 @@
 pods, not when the eviction was decided: an operator down for longer than the grace period in
 between must still ask, and wait, before it deletes anything."""
 
+import dataclasses
 import datetime as dt
+
+import pytest
 
 from tidal.clock import FixedClock, parse_time
 from tidal.k8s.controller import Controller
@@ -99,3 +102,104 @@ def test_checkpoint_done_evicts_at_once_even_before_the_grace_period_starts():
     run(cluster, controller)
     assert not low_pods(cluster)
     assert "pods deleted after checkpoint-done" in preempted_message(cluster)
+
+
+def test_a_job_that_completes_while_it_waits_to_be_evicted_is_succeeded_not_queued_again():
+    """Its pods exit 0 inside the grace period: nothing is left to save or to run again (it was
+    evicted at the deadline, queued, and run a second time: review)."""
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    run(cluster, controller, cycles=1)
+    for pod in low_pods(cluster):
+        pod["status"] = {**pod["status"], "phase": "Succeeded"}
+    run(cluster, controller, cycles=1)
+    status = cluster.status("TrainingJob", "ml", "low")
+    assert status["phase"] == "Succeeded" and "eviction" not in status
+    requested = next(c for c in status["conditions"] if c["type"] == "CheckpointRequested")
+    assert requested["status"] == "False" and requested["reason"] == "Completed"
+    clock.advance(seconds=GRACE + 1)
+    run(cluster, controller, cycles=4)
+    assert cluster.status("TrainingJob", "ml", "low")["phase"] == "Succeeded", "queued and run again"
+    assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running", "the preemptor got the GPUs"
+    assert not [c for c in cluster.status("TrainingJob", "ml", "low").get("evictionHistory", [])], "nothing charged"
+
+
+def test_a_rank_that_fails_during_the_wait_ends_it_at_once():
+    """A checkpoint is collective: with a rank down it cannot complete, so waiting out the grace
+    period only keeps the preemptor off its GPUs."""
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    run(cluster, controller, cycles=1)
+    pod = low_pods(cluster)[3]
+    pod["status"] = {**pod["status"], "phase": "Failed"}
+    clock.advance(seconds=10)
+    run(cluster, controller, cycles=1)
+    assert not low_pods(cluster), "evicted now, not after the grace period"
+    status = cluster.status("TrainingJob", "ml", "low")
+    assert status["phase"] == "Pending" and status.get("restarts", 0) == 0, "an eviction, not a restart"
+    assert "group 0 broke during the wait (pod low-3 failed)" in preempted_message(cluster)
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"
+
+
+@pytest.mark.parametrize("how", ["deleted", "being deleted", "suspended"])
+def test_a_preemption_whose_preemptor_no_longer_waits_is_called_off(how: str):
+    """The preemptor went away (or found room elsewhere) inside the victim's grace period: the
+    victim keeps training, nothing is deleted or charged (it was evicted anyway: review)."""
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    run(cluster, controller, cycles=1)
+    key = ("TrainingJob", "ml", "high")
+    high = cluster.objects[key]
+    if how == "deleted":
+        del cluster.objects[key]
+    elif how == "being deleted":
+        cluster.objects[key] = dataclasses.replace(high, deleting=True)
+    else:
+        cluster.objects[key] = dataclasses.replace(high, spec={**high.spec, "suspend": True}, generation=2)
+    run(cluster, controller, cycles=1)
+    clock.advance(seconds=GRACE + 1)
+    run(cluster, controller, cycles=2)
+    status = cluster.status("TrainingJob", "ml", "low")
+    assert "eviction" not in status and status["phase"] == "Running", how
+    assert len(low_pods(cluster)) == 16 and not status.get("evictionHistory")
+    requested = next(c for c in status["conditions"] if c["type"] == "CheckpointRequested")
+    assert requested["reason"] == "Cancelled" and "ml/high is" in requested["message"], requested
+
+
+def test_a_preemption_is_called_off_when_a_finished_job_leaves_the_preemptor_room_elsewhere():
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    low = {**BASE, "dp": 3, "preemptible": True, "priorityClassName": "low"}
+    cluster.add("TrainingJob", "ml", "low", {**low, "checkpoint": {"gracePeriodSeconds": GRACE}})
+    cluster.add("TrainingJob", "ml", "short", {**BASE, "dp": 1, "priorityClassName": "low"})  # not preemptible
+    controller = Controller(cluster, clock)
+    run(cluster, controller)
+    cluster.add("TrainingJob", "ml", "high", {**BASE, "dp": 1, "priorityClassName": "high"})  # 16 GPUs, 8 free
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "low")["eviction"]["reason"] == "Preempted"
+    for pod in cluster.pods_of("tidal.dev/job", "short"):
+        pod["status"] = {**pod["status"], "phase": "Succeeded"}
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "ml", "high")["phase"] in ("Admitted", "Running")
+    clock.advance(seconds=GRACE + 1)
+    run(cluster, controller, cycles=2)
+    status = cluster.status("TrainingJob", "ml", "low")
+    assert "eviction" not in status and status["phase"] == "Running" and len(low_pods(cluster)) == 12
+    requested = next(c for c in status["conditions"] if c["type"] == "CheckpointRequested")
+    assert requested["reason"] == "Cancelled" and "ml/high is" in requested["message"], requested
+
+
+def test_a_preemption_whose_preemptor_still_waits_goes_ahead():
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    run(cluster, controller, cycles=1)
+    clock.advance(seconds=GRACE + 1)
+    run(cluster, controller, cycles=3)
+    assert not low_pods(cluster) and cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"

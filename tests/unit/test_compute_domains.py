@@ -253,7 +253,7 @@ def test_a_group_re_placed_on_another_rack_gets_a_domain_there_and_its_old_racks
     run(cluster, controller, cycles=4)
     status = cluster.status("TrainingJob", "ml", "moe")
     after = {g["group"]: g["supernode"] for g in status["placement"]}
-    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert status["phase"] == "Running" and status.get("restarts", 0) == 0  # a lost node: not charged
     assert after[0] == before[0]["supernode"] and after[1] not in (before[0]["supernode"], before[1]["supernode"])
     assert set(domains_of(cluster)) == {f"moe-{after[0]}", f"moe-{after[1]}"}
     assert ("delete_compute_domain", f"moe-{before[1]['supernode']}") in cluster.calls

@@ -25,9 +25,11 @@ from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
+    DEFRAGMENTED,
     groups_of_replicas,
     holds_gpus,
     job_domain_problem,
+    job_evictor,
     job_request,
     placement_of,
     reconcile_placed,
@@ -54,8 +56,6 @@ from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
 
 QUEUED = frozenset({"Pending", "Restarting", ""})
-DEFRAGMENTED = "Defragmented"
-"""Eviction reason of a defragmentation move."""
 WAITING = frozenset({"WaitingForPreemption", "WaitingForDefragmentation"})
 """Reasons of a queued job that is re-planned every cycle (it must re-reserve its nodes)."""
 NEVER_FITS = frozenset(
@@ -427,7 +427,7 @@ def _preempt(
             victim,
             victim_status,
             reason="Preempted",
-            by=f"{view.ref} (priority {cyc.priorities.of(view)})",
+            by=job_evictor(view, f"priority {cyc.priorities.of(view)}"),
             replicas=replicas,
         )
         statuses[victim.uid] = (victim, new_victim)
@@ -512,7 +512,7 @@ def _defragment(
             mover,
             mover_status,
             reason=DEFRAGMENTED,
-            by=f"{view.ref} (defragmentation: {groups} blocked by scattered free GPUs)",
+            by=job_evictor(view, f"defragmentation: {groups} blocked by scattered free GPUs"),
             replicas=replicas,
         )
         statuses[mover.uid] = (mover, new_mover)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import parse_time
-from tidal.k8s.admission import DEFRAGMENTED, reserve_nodes, running_gangs, without_evictions_in_flight
+from tidal.k8s.admission import reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
@@ -21,6 +21,7 @@ from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
 from tidal.k8s.training import (
+    DEFRAGMENTED,
     GROWTH_NOT_STARTED,
     HISTORY_WINDOW,
     groups_of_replicas,

@@ -32,6 +32,8 @@ from tidal.placement.compute_domains import (
 )
 
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
+DEFRAGMENTED = "Defragmented"
+"""Eviction reason of a defragmentation move."""
 REFUSED_NODES_MAX = 256
 """status.refusedNodes keeps at most this many (the CRD's bound)."""
 GROWTH_NOT_STARTED = "GrowthNotStarted"
@@ -125,19 +127,24 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     pods = {p.name: p for p in cyc.state.pods_of("TrainingJob", view.namespace, view.name) if p.owner_uid == view.uid}
     placement = {g["group"]: g for g in status["placement"]}
 
-    if status.get("eviction"):
-        return _continue_eviction(cyc, view, status, pods)
-    if view.spec.get("suspend"):
-        return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
-
     ppg = shape.pods_per_group
-    domains = _sync_domains(cyc, view, status, pods, ppg)
     expected = {
         pod_name(view.name, g * ppg + i): node
         for g, entry in placement.items()
         for i, node in enumerate(entry["nodes"])
     }
+    phases = _phases(cyc, pods, expected)
+    if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
+        # Finished, even during a checkpoint wait or a suspend: nothing is left to save, evict or
+        # run again (a job evicted after its pods completed was queued and run a second time).
+        return _succeeded(cyc, view, status, len(expected))
     broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
+    if status.get("eviction"):
+        return _continue_eviction(cyc, view, status, pods, broken)
+    if view.spec.get("suspend"):
+        return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
+
+    domains = _sync_domains(cyc, view, status, pods, ppg)
     if broken:
         return _restart(cyc, view, status, shape, broken, pods)
     displaced = _displaced_groups(cyc, view, shape, placement, pods)
@@ -178,17 +185,9 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
 
     _announce_world_size(cyc, view, shape, pods, expected)
 
-    # Only pods on their planned node and not being deleted: a job re-admitted while its old pods
-    # still terminate elsewhere is not Running on the strength of those.
-    phases = [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not gone(cyc, pods[n])]
-    if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
-        status["phase"] = "Succeeded"
-        status["reason"] = "all pods completed"
-        status["conditions"] = set_condition(
-            status.get("conditions", []), "Running", False, "Succeeded", "all pods completed", cyc.stamp
-        )
-        cyc.event(view, "Succeeded", f"all {len(expected)} pods completed")
-    elif len(phases) == len(expected) and all(p == "Running" for p in phases) and status["phase"] != "Running":
+    phases = _phases(cyc, pods, expected)
+    if len(phases) == len(expected) and all(p == "Running" for p in phases) and status["phase"] != "Running":
+        status.pop("restartingGroups", None)  # ran whole again: the next failure is a new incident
         status["phase"] = "Running"
         status["reason"] = f"{len(expected)} pods running on {status.get('supernodes', 0)} supernode(s)"
         status["conditions"] = set_condition(
@@ -200,6 +199,28 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
                 status["conditions"], "PodsReady", True, "AllPodsRunning", status["reason"], cyc.stamp
             )
     return status
+
+
+def _phases(cyc: Cycle, pods: dict[str, PodView], expected: dict[str, str]) -> list[str]:
+    """Phases of the pods on their planned node and not being deleted: a job re-admitted while
+    its old pods still terminate elsewhere is not Running (or Succeeded) on the strength of those."""
+    return [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not gone(cyc, pods[n])]
+
+
+def _succeeded(cyc: Cycle, view: ResourceView, status: dict[str, Any], pod_count: int) -> dict[str, Any]:
+    conditions = status.get("conditions", [])
+    eviction = status.get("eviction")
+    if eviction:
+        message = f"{eviction['reason']} by {eviction['by']} called off: the job completed"
+        cyc.event(view, "EvictionCancelled", message)
+        conditions = set_condition(conditions, "CheckpointRequested", False, "Completed", message, cyc.stamp)
+    cyc.event(view, "Succeeded", f"all {pod_count} pods completed")
+    return {
+        **{k: v for k, v in status.items() if k != "eviction"},
+        "phase": "Succeeded",
+        "reason": "all pods completed",
+        "conditions": set_condition(conditions, "Running", False, "Succeeded", "all pods completed", cyc.stamp),
+    }
 
 
 def _groups_of(pod_names: list[str], pods_per_group: int) -> set[int]:
@@ -474,6 +495,10 @@ def domain_held_nodes(view: ResourceView, status: dict[str, Any]) -> set[str]:
     return exclusive_nodes(domains, status["placement"])
 
 
+NODE_LOST = "node "
+"""How `_broken_groups` starts the reason of a group broken by its node, not by its own pod."""
+
+
 def _broken_groups(
     cyc: Cycle,
     job: str,
@@ -491,9 +516,9 @@ def _broken_groups(
             view = cyc.state.nodes.get(node)
             pod = pods.get(name)
             if view is None:
-                broken[group] = f"node {node} disappeared"
+                broken[group] = f"{NODE_LOST}{node} disappeared"
             elif not view.ready:
-                broken[group] = f"node {node} is NotReady"
+                broken[group] = f"{NODE_LOST}{node} is NotReady"
             elif pod is not None and pod.phase == "Failed" and pod.node == node and not gone(cyc, pod):
                 broken[group] = f"pod {name} failed"
             elif pod is None and running:
@@ -538,9 +563,17 @@ def _restart(
 ) -> dict[str, Any]:
     policy = view.spec.get("restartPolicy") or {}
     scope, max_restarts = policy.get("scope", "Group"), policy.get("maxRestarts", 3)
-    restarts = int(status.get("restarts") or 0) + 1
+    restarts = int(status.get("restarts") or 0)
+    # maxRestarts budgets the job's own failures, as a Kubernetes podFailurePolicy ignores a
+    # DisruptionTarget: a lost node is not one (at 16k GPUs one fails every ~3 h, so a long job
+    # would run out), nor are survivors whose collectives fail while their peers are re-placed
+    # (one incident, one restart), unless a group of this incident fails again.
+    restarting = set(status.get("restartingGroups") or []) if status.get("phase") == "Restarting" else set()
+    own = {g for g, r in broken.items() if not r.startswith(NODE_LOST)}
+    if own and (not restarting or own & restarting):
+        restarts += 1
+    cyc.count("restarts")  # the metric counts every restart, charged or not
     why = "; ".join(f"group {g}: {r}" for g, r in sorted(broken.items()))
-    cyc.count("restarts")
     if restarts > max_restarts:
         _release(cyc, view, status, pods, grace=0)
         cyc.event(view, "Failed", f"giving up after {max_restarts} restarts: {why}", warning=True)
@@ -559,7 +592,14 @@ def _restart(
         replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods)
         if replaced is not None:
             cyc.event(view, "Restarting", f"re-placed {len(broken)} group(s) (restart {restarts}): {why}", warning=True)
-            return {**replaced, "phase": "Restarting", "restarts": restarts, "reason": why, "conditions": conditions}
+            return {
+                **replaced,
+                "phase": "Restarting",
+                "restarts": restarts,
+                "restartingGroups": sorted(restarting | set(broken)),
+                "reason": why,
+                "conditions": conditions,
+            }
     # Whole gang: give everything back and queue as a recovery (which may use hot spares).
     _release(cyc, view, status, pods, grace=0)
     cyc.event(view, "Restarting", f"restarting the whole gang (restart {restarts}): {why}", warning=True)
@@ -665,6 +705,7 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
             "admittedAt",
             "placedAt",
             "eviction",
+            "restartingGroups",
             "worldSize",
             "computeDomains",
             "staleComputeDomains",
@@ -747,11 +788,21 @@ def pool_evictor(pool: ResourceView) -> str:
     return f"{POOL_EVICTOR}{pool.ref}"
 
 
+def job_evictor(job: ResourceView, why: str) -> str:
+    """`status.eviction.by` of a preemption or defragmentation move for this TrainingJob;
+    `_no_longer_wanted` reads the job back from it."""
+    return f"{job.ref} ({why})"
+
+
 def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
-    """Why an eviction for an InferencePool is no longer wanted (None: it still is): the pool is
+    """Why an eviction is no longer wanted (None: it still is). For an InferencePool: the pool is
     gone, or the replicas it last wanted are all placed (its load fell back within the grace
-    period). Taking the GPUs anyway would lose progress for room nobody wants."""
+    period). For a TrainingJob that preempts or is defragmented for: it is gone, suspended, placed
+    (elsewhere, say on GPUs a finished job freed) or finished. Taking the GPUs anyway would lose
+    progress for room nobody wants."""
     by = eviction.get("by") or ""
+    if eviction.get("reason") in ("Preempted", DEFRAGMENTED):
+        return _job_no_longer_waiting(cyc, by)
     if not by.startswith(POOL_EVICTOR):
         return None
     namespace, _, name = by.removeprefix(POOL_EVICTOR).partition("/")
@@ -767,6 +818,21 @@ def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
     return None
 
 
+def _job_no_longer_waiting(cyc: Cycle, by: str) -> str | None:
+    ref = by.partition(" ")[0]
+    namespace, _, name = ref.partition("/")
+    job = cyc.state.jobs.get((namespace, name))
+    if job is None or job.deleting:
+        return f"{ref} is gone"
+    if job.spec.get("suspend"):
+        return f"{ref} is suspended"
+    # Not "Restarting": a job back in the queue after a failure may be the one waiting.
+    phase = cyc.writer.effective(job).get("phase")
+    if phase in ("Admitted", "Running", "Succeeded", "Failed"):
+        return f"{ref} is {phase}"
+    return None
+
+
 def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
     done = parse_time(view.annotations.get(labels.CHECKPOINT_DONE))
     asked = parse_time(requested_at)
@@ -774,8 +840,11 @@ def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
 
 
 def _continue_eviction(
-    cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView]
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView], broken: dict[int, str]
 ) -> dict[str, Any]:
+    """`broken`: groups with a failed pod or a lost node. A checkpoint is collective, so with a
+    rank down it cannot complete: the eviction goes ahead now rather than after the grace period
+    (and a broken group kept by a shrink is restarted by the cycles after)."""
     eviction = status["eviction"]
     unwanted = _no_longer_wanted(cyc, eviction)
     if unwanted:
@@ -796,12 +865,18 @@ def _continue_eviction(
         eviction = {**eviction, "askedAt": cyc.stamp, "deadline": _grace_deadline(cyc, view)}
         status = {**status, "eviction": eviction}
     expired = cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
-    if not (done or expired):
+    if not (done or expired or broken):
         return status
     waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
     cyc.checkpoint_waits.append(waited)
-    how = "after checkpoint-done" if done else "after the grace period without checkpoint-done"
-    if not done and unseen:
+    if done:
+        how = "after checkpoint-done"
+    elif expired:
+        how = "after the grace period without checkpoint-done"
+    else:
+        group, why = min(broken.items())
+        how = f"without checkpoint-done: group {group} broke during the wait ({why})"
+    if not done and expired and unseen:
         cyc.event(
             view,
             "CheckpointRequestNotDelivered",

@@ -244,7 +244,17 @@ class TrainingJobStatus(ApiModel):
         "written before `assignment`; replaced by `assignment` on the next status write.",
     )
     supernodes: int | None = Field(default=None, description="Number of supernodes the job spans.")
-    restarts: int = Field(default=0, ge=0, description="Restarts after failures so far.")
+    restarts: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts after failures of the job's own pods so far (a lost or NotReady node is not counted, "
+        "nor are further groups failing before the job runs again, unless a group fails twice).",
+    )
+    restarting_groups: list[int] | None = Field(
+        default=None,
+        max_length=100_000,
+        description="Groups re-placed since the job last ran whole: one of them failing again is a new restart.",
+    )
     admitted_at: str | None = Field(default=None, description="When the gang was last admitted.")
     placed_at: str | None = Field(
         default=None,
