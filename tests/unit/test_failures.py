@@ -247,3 +247,33 @@ def test_a_group_that_fails_again_before_the_job_runs_whole_is_charged_again():
     fail_group(cluster, 1)
     run(cluster, controller, cycles=1)
     assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Failed", "maxRestarts=2 exceeded"
+
+
+def test_a_group_whose_pod_failed_is_placed_again_off_that_node_when_it_fits_elsewhere():
+    """A bad GPU or link on a node no health checker has tainted: the group went straight back
+    onto it (the freed nodes are the tightest fit) and failed again, through maxRestarts (review)."""
+    cluster, controller = four_groups()
+    pod = cluster.pods[("ml", "j-5")]
+    bad = pod["spec"]["nodeName"]
+    pod["status"] = {**pod["status"], "phase": "Failed"}
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "j")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert bad not in status["placement"][1]["nodes"], "back on the node it failed on"
+    assert cluster.pods[("ml", "j-5")]["spec"]["nodeName"] != bad
+
+
+def test_a_group_whose_pod_failed_goes_back_on_that_node_when_nothing_else_fits():
+    cluster = FakeCluster("nvl72", 1)
+    whole_rack = {"tp": 4, "ep": 18, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "rack", whole_rack)
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    before = cluster.status("TrainingJob", "ml", "rack")["placement"][0]["nodes"]
+    pod = cluster.pods[("ml", "rack-3")]
+    pod["status"] = {**pod["status"], "phase": "Failed"}
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "rack")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert sorted(status["placement"][0]["nodes"]) == sorted(before), "re-placed in its group, not queued whole"
+    assert not [d for v, d in cluster.calls if v == "event" and "restarting the whole gang" in d[2]]

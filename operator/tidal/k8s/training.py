@@ -589,7 +589,19 @@ def _restart(
     log.info("restart", namespace=view.namespace, name=view.name, scope=scope, restarts=restarts, why=why)
     conditions = set_condition(status.get("conditions", []), "Running", False, "Restarting", why, cyc.stamp)
     if scope == "Group":
-        replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods)
+        # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
+        # health checker has tainted would otherwise take the group back and fail it again.
+        failed_on = frozenset(
+            pod.node
+            for g in broken
+            for i in range(shape.pods_per_group)
+            if (pod := pods.get(pod_name(view.name, g * shape.pods_per_group + i))) is not None
+            and pod.phase == "Failed"
+            and pod.node
+        )
+        replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods, avoid=failed_on)
+        if replaced is None and failed_on:
+            replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods)
         if replaced is not None:
             cyc.event(view, "Restarting", f"re-placed {len(broken)} group(s) (restart {restarts}): {why}", warning=True)
             return {
