@@ -4,10 +4,12 @@ between must still ask, and wait, before it deletes anything."""
 
 import dataclasses
 import datetime as dt
+import types
 
 import pytest
 
 from tidal.clock import FixedClock, parse_time
+from tidal.k8s import training
 from tidal.k8s.controller import Controller
 
 from .fake_cluster import FakeCluster
@@ -104,25 +106,22 @@ def test_checkpoint_done_evicts_at_once_even_before_the_grace_period_starts():
     assert "pods deleted after checkpoint-done" in preempted_message(cluster)
 
 
-def test_a_job_that_completes_while_it_waits_to_be_evicted_is_succeeded_not_queued_again():
-    """Its pods exit 0 inside the grace period: nothing is left to save or to run again (it was
-    evicted at the deadline, queued, and run a second time: review)."""
+def test_pods_that_all_exit_during_the_wait_end_it_at_once_and_the_job_is_queued_not_succeeded():
+    """A trainer may save and exit 0 on the request (SLURM-requeue style): taking that for a
+    finished job would drop unfinished training (review); nothing is left to wait for either."""
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
     controller = preempting(cluster, clock)
     run(cluster, controller, cycles=1)
     for pod in low_pods(cluster):
         pod["status"] = {**pod["status"], "phase": "Succeeded"}
+    clock.advance(seconds=10)
     run(cluster, controller, cycles=1)
     status = cluster.status("TrainingJob", "ml", "low")
-    assert status["phase"] == "Succeeded" and "eviction" not in status
-    requested = next(c for c in status["conditions"] if c["type"] == "CheckpointRequested")
-    assert requested["status"] == "False" and requested["reason"] == "Completed"
-    clock.advance(seconds=GRACE + 1)
-    run(cluster, controller, cycles=4)
-    assert cluster.status("TrainingJob", "ml", "low")["phase"] == "Succeeded", "queued and run again"
-    assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running", "the preemptor got the GPUs"
-    assert not [c for c in cluster.status("TrainingJob", "ml", "low").get("evictionHistory", [])], "nothing charged"
+    assert status["phase"] == "Pending" and "eviction" not in status, "queued again, well inside the grace period"
+    assert "its pods all exited during the wait" in preempted_message(cluster)
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"
 
 
 def test_a_rank_that_fails_during_the_wait_ends_it_at_once():
@@ -203,3 +202,26 @@ def test_a_preemption_whose_preemptor_still_waits_goes_ahead():
     clock.advance(seconds=GRACE + 1)
     run(cluster, controller, cycles=3)
     assert not low_pods(cluster) and cluster.status("TrainingJob", "ml", "high")["phase"] == "Running"
+
+
+@pytest.mark.parametrize(
+    ("status", "verdict"),
+    [
+        ({"phase": "Restarting", "placement": [{"group": 0, "supernode": "s", "nodes": ["n"]}]}, "ml/high is placed"),
+        ({"phase": "Restarting"}, None),  # back in the queue after a failure: it may be the one waiting
+        ({"phase": "Pending", "reason": "WaitingForPreemption"}, None),
+        ({"phase": "Succeeded"}, "ml/high is Succeeded"),
+    ],
+)
+def test_a_recovering_preemptor_placed_again_counts_as_placed(status: dict, verdict: str | None):
+    """Admission keeps a recovering job's phase Restarting when it places it: judged by what it
+    holds, not by the phase's name (review)."""
+    cluster = FakeCluster("nvl72", 1)
+    cluster.add("TrainingJob", "ml", "high", {**BASE, "dp": 1})
+    cluster.patch_status("TrainingJob", "ml", "high", status)
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    cyc = types.SimpleNamespace(state=cluster.state(), writer=controller.writer)
+    assert (
+        training._job_no_longer_waiting(cyc, training.job_evictor(cluster.get("TrainingJob", "ml", "high"), "x"))
+        == verdict
+    )

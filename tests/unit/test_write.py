@@ -165,22 +165,15 @@ def test_a_refused_status_gets_its_job_no_domain_and_no_pods_and_stops_no_pool()
     assert applied.withheld_pods == 1 and applied.withheld_domains == 1
 
 
-def test_a_refused_status_withholds_its_own_pod_deletes_and_reports_them_for_the_next_cycle():
-    # The decision to delete rested on a status another writer has since changed (say, a new
-    # leader during a handover): the next cycle decides again from the status the server holds.
+def test_a_refused_status_does_not_hold_back_its_pod_deletes():
+    # The GPUs a delete frees may already be booked in the same cycle by another workload (a
+    # preemptor placed on its victim's nodes): holding the delete back left both on them (review).
     rec = Recorder(refuse={"a"})
     plan = ActionPlan()
-    plan.statuses.append((view("TrainingJob", "a"), {"phase": "Admitted"}))
-    plan.statuses.append((view("TrainingJob", "b"), {"phase": "Admitted"}))
-    plan.pod_deletes += [
-        PodDelete("ns", "a-0", None, "ua", ("TrainingJob", "ns", "a")),
-        PodDelete("ns", "b-0", None, "ub", ("TrainingJob", "ns", "b")),
-        PodDelete("ns", "p-0", None, "up", ("InferencePool", "ns", "a")),  # another kind's "a"
-        PodDelete("ns", "x-0", None, "ux"),  # no tidal owner: nothing to wait for
-    ]
+    plan.statuses.append((view("TrainingJob", "a"), {"phase": "Pending"}))
+    plan.pod_deletes.append(PodDelete("ns", "a-0", None, "ua"))
     applied = apply_actions(plan, rec, rec)
-    assert [n for v, n in rec.calls if v == "delete_pod"] == ["b-0", "p-0", "x-0"]
-    assert [d.uid for d in applied.failed_pod_deletes] == ["ua"] and applied.withheld_pod_deletes == 1
+    assert ("delete_pod", "a-0") in rec.calls and not applied.failed_pod_deletes
 
 
 def test_any_exception_fails_only_that_object():

@@ -41,10 +41,6 @@ class PodDelete:
     uid: str = ""
     """Sent as a precondition: a pod of the same name made since (by a new leader during a
     handover) is another pod, and its delete is refused (409), not carried out."""
-    owner: tuple[str, str, str] | None = None
-    """(kind, namespace, name) of the tidal workload whose decision this is: with that workload's
-    status write refused, the decision rested on a status someone else has since changed, and the
-    delete waits for the next cycle, which decides again (as the workload's pod creations do)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -55,9 +51,8 @@ class PodDelete:
 class ActionPlan:
     """What one cycle decided to change in the cluster; `k8s/write.apply_actions` applies it in
     this order: statuses (a placement is recorded before its pods exist), events, annotations,
-    pod deletions (none for a workload whose status was refused), ComputeDomain deletions,
-    ComputeDomain creations and rendezvous Services, gate removals, pod creations (none for a
-    workload whose status, domain or Service was refused),
+    pod deletions, ComputeDomain deletions, ComputeDomain creations and rendezvous Services, gate
+    removals, pod creations (none for a workload whose status, domain or Service was refused),
     pod label merges, pool Services."""
 
     statuses: list[tuple[ResourceView, dict[str, Any]]] = field(default_factory=list)
@@ -225,8 +220,7 @@ class Cycle:
         # Otherwise a caller's "at once" becomes the shortest grace that still waits for the kubelet.
         grace = 0 if fenced else 1 if grace_seconds == 0 else grace_seconds
         self.deleted_uids.add(pod.uid)
-        owner = None if pod.owner is None else (pod.owner[0], pod.namespace, pod.owner[1])
-        self.pod_deletes.append(PodDelete(pod.namespace, pod.name, grace, pod.uid, owner))
+        self.pod_deletes.append(PodDelete(pod.namespace, pod.name, grace, pod.uid))
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""

@@ -134,13 +134,14 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         for i, node in enumerate(entry["nodes"])
     }
     phases = _phases(cyc, pods, expected)
-    if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
-        # Finished, even during a checkpoint wait or a suspend: nothing is left to save, evict or
-        # run again (a job evicted after its pods completed was queued and run a second time).
-        return _succeeded(cyc, view, status, len(expected))
+    exited = len(phases) == len(expected) and all(p == "Succeeded" for p in phases)
     broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
     if status.get("eviction"):
-        return _continue_eviction(cyc, view, status, pods, broken)
+        # Pods that all exited 0 during a checkpoint wait leave nothing to wait for, but are not
+        # taken for a finished job: a trainer may save and exit on the request (SLURM-requeue
+        # style), so the job is evicted and queued again; one that had finished re-runs from
+        # its last checkpoint and exits.
+        return _continue_eviction(cyc, view, status, pods, broken, exited)
     if view.spec.get("suspend"):
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
 
@@ -186,6 +187,8 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     _announce_world_size(cyc, view, shape, pods, expected)
 
     phases = _phases(cyc, pods, expected)
+    if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
+        return _succeeded(cyc, view, status, len(expected))
     if len(phases) == len(expected) and all(p == "Running" for p in phases) and status["phase"] != "Running":
         status.pop("restartingGroups", None)  # ran whole again: the next failure is a new incident
         status["phase"] = "Running"
@@ -208,15 +211,10 @@ def _phases(cyc: Cycle, pods: dict[str, PodView], expected: dict[str, str]) -> l
 
 
 def _succeeded(cyc: Cycle, view: ResourceView, status: dict[str, Any], pod_count: int) -> dict[str, Any]:
-    conditions = status.get("conditions", [])
-    eviction = status.get("eviction")
-    if eviction:
-        message = f"{eviction['reason']} by {eviction['by']} called off: the job completed"
-        cyc.event(view, "EvictionCancelled", message)
-        conditions = set_condition(conditions, "CheckpointRequested", False, "Completed", message, cyc.stamp)
     cyc.event(view, "Succeeded", f"all {pod_count} pods completed")
+    conditions = status.get("conditions", [])
     return {
-        **{k: v for k, v in status.items() if k != "eviction"},
+        **status,
         "phase": "Succeeded",
         "reason": "all pods completed",
         "conditions": set_condition(conditions, "Running", False, "Succeeded", "all pods completed", cyc.stamp),
@@ -335,7 +333,7 @@ def _give_back_stuck_growth(
     growth that did not start), shrinks back below them, or None. Re-placing or requeueing the
     whole gang instead would kill the replicas that are training, without a checkpoint."""
     elastic = view.spec.get("elastic")
-    if not elastic:
+    if not elastic or shape.pods_span_replicas:  # (an elastic one stored before the schema's rule)
         return None
     keep = min(shape.replica_of_group(g) for g in stuck)
     if keep < max(int(elastic.get("minDP", 1)), 1):
@@ -838,10 +836,13 @@ def _job_no_longer_waiting(cyc: Cycle, by: str) -> str | None:
         return f"{ref} is gone"
     if job.spec.get("suspend"):
         return f"{ref} is suspended"
-    # Not "Restarting": a job back in the queue after a failure may be the one waiting.
-    phase = cyc.writer.effective(job).get("phase")
-    if phase in ("Admitted", "Running", "Succeeded", "Failed"):
-        return f"{ref} is {phase}"
+    # Placed, whatever the phase (a recovering job placed again stays Restarting); a job back in
+    # the queue after a failure (Restarting, nothing placed) may be the one waiting.
+    held = cyc.writer.effective(job)
+    if holds_gpus(held):
+        return f"{ref} is placed"
+    if held.get("phase") in ("Succeeded", "Failed"):
+        return f"{ref} is {held['phase']}"
     return None
 
 
@@ -852,11 +853,17 @@ def checkpoint_done(view: ResourceView, requested_at: str) -> bool:
 
 
 def _continue_eviction(
-    cyc: Cycle, view: ResourceView, status: dict[str, Any], pods: dict[str, PodView], broken: dict[int, str]
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    pods: dict[str, PodView],
+    broken: dict[int, str],
+    exited: bool = False,
 ) -> dict[str, Any]:
     """`broken`: groups with a failed pod or a lost node. A checkpoint is collective, so with a
     rank down it cannot complete: the eviction goes ahead now rather than after the grace period
-    (and a broken group kept by a shrink is restarted by the cycles after)."""
+    (and a broken group kept by a shrink is restarted by the cycles after). `exited`: every pod
+    exited 0; nothing is left to wait for either."""
     eviction = status["eviction"]
     unwanted = _no_longer_wanted(cyc, eviction)
     if unwanted:
@@ -877,7 +884,7 @@ def _continue_eviction(
         eviction = {**eviction, "askedAt": cyc.stamp, "deadline": _grace_deadline(cyc, view)}
         status = {**status, "eviction": eviction}
     expired = cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
-    if not (done or expired or broken):
+    if not (done or expired or broken or exited):
         return status
     waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
     cyc.checkpoint_waits.append(waited)
@@ -885,6 +892,8 @@ def _continue_eviction(
         how = "after checkpoint-done"
     elif expired:
         how = "after the grace period without checkpoint-done"
+    elif exited:
+        how = "without checkpoint-done: its pods all exited during the wait"
     else:
         group, why = min(broken.items())
         how = f"without checkpoint-done: group {group} broke during the wait ({why})"

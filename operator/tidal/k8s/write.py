@@ -10,9 +10,7 @@ find the same difference between the recorded state and the pods; it never stops
 object's write is isolated, so any exception fails that object only. A workload whose status write
 failed, or a gang whose ComputeDomain or Service could not be made, gets no new pods this time
 (made without their claim's domain they would wait on a template nobody makes): the next cycle
-decides again from what the API server holds and makes them then. A workload whose status write
-failed has none of its pods deleted either: the decision rested on a status that is not the one
-the API server holds.
+decides again from what the API server holds and makes them then.
 """
 
 from __future__ import annotations
@@ -48,11 +46,9 @@ class Applied:
     withheld_domains: int = 0
     """ComputeDomain creations skipped because their owner's status write was refused."""
     failed_pod_deletes: list[PodDelete] = field(default_factory=list)
-    """Pod deletes that failed or were withheld (their owner's status was refused): the caller
-    forgets them as deleted, so the next cycle decides them again (kept as deleted, a gang
-    re-placed under the same names would wait on them forever: bench.faults found it)."""
-    withheld_pod_deletes: int = 0
-    """Pod deletes not sent because their owner's status write was refused."""
+    """Pod deletes that failed: the caller forgets them as deleted, so the next cycle deletes them
+    again (kept as deleted, a gang re-placed under the same names would wait on them forever:
+    bench.faults found it)."""
     deleted_domains: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of ComputeDomains whose delete succeeded (or found them gone)."""
     counters: dict[str, int] = field(default_factory=dict)
@@ -110,15 +106,15 @@ def apply_actions(
         send_event((view.kind, view.namespace, view.name, view.uid, reason, message, warning))
     if plan.annotations:
         api.parallel(guarded(_annotate(api), "annotate"), plan.annotations)
-    deletes = [d for d in plan.pod_deletes if d.owner not in applied.failed_statuses]
-    applied.failed_pod_deletes = [d for d in plan.pod_deletes if d.owner in applied.failed_statuses]
-    applied.withheld_pod_deletes = len(applied.failed_pod_deletes)
-    if deletes:
+    # Sent even for a workload whose status write was refused: the GPUs a delete frees may already
+    # be booked by another workload decided in the same cycle (a preemptor on its victim's nodes),
+    # so holding the delete back would leave both on them (review).
+    if plan.pod_deletes:
         done = api.parallel(
             guarded(_succeeds(lambda d: api.delete_pod(d.namespace, d.name, d.grace_seconds, d.uid)), "delete_pod"),
-            deletes,
+            plan.pod_deletes,
         )
-        applied.failed_pod_deletes += [d for d, ok in zip(deletes, done, strict=True) if not ok]
+        applied.failed_pod_deletes = [d for d, ok in zip(plan.pod_deletes, done, strict=True) if not ok]
     if plan.domain_deletes:
         done = api.parallel(
             guarded(_succeeds(lambda d: api.delete_compute_domain(*d)), "delete_compute_domain"), plan.domain_deletes
