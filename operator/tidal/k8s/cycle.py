@@ -42,10 +42,6 @@ class PodDelete:
     """Sent as a precondition: a pod of the same name made since (by a new leader during a
     handover) is another pod, and its delete is refused (409), not carried out."""
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.namespace, self.name
-
 
 @dataclass
 class ActionPlan:

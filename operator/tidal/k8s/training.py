@@ -133,14 +133,14 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         for g, entry in placement.items()
         for i, node in enumerate(entry["nodes"])
     }
-    phases = _phases(cyc, pods, expected)
-    exited = len(phases) == len(expected) and all(p == "Succeeded" for p in phases)
     broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
     if status.get("eviction"):
         # Pods that all exited 0 during a checkpoint wait leave nothing to wait for, but are not
         # taken for a finished job: a trainer may save and exit on the request (SLURM-requeue
         # style), so the job is evicted and queued again; one that had finished re-runs from
         # its last checkpoint and exits.
+        phases = _phases(cyc, pods, expected)
+        exited = len(phases) == len(expected) and all(p == "Succeeded" for p in phases)
         return _continue_eviction(cyc, view, status, pods, broken, exited)
     if view.spec.get("suspend"):
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
@@ -188,8 +188,13 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
 
     phases = _phases(cyc, pods, expected)
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
-        return _succeeded(cyc, view, status, len(expected))
-    if len(phases) == len(expected) and all(p == "Running" for p in phases) and status["phase"] != "Running":
+        status["phase"] = "Succeeded"
+        status["reason"] = "all pods completed"
+        status["conditions"] = set_condition(
+            status.get("conditions", []), "Running", False, "Succeeded", "all pods completed", cyc.stamp
+        )
+        cyc.event(view, "Succeeded", f"all {len(expected)} pods completed")
+    elif len(phases) == len(expected) and all(p == "Running" for p in phases) and status["phase"] != "Running":
         status.pop("restartingGroups", None)  # ran whole again: the next failure is a new incident
         status["phase"] = "Running"
         status["reason"] = f"{len(expected)} pods running on {status.get('supernodes', 0)} supernode(s)"
@@ -208,17 +213,6 @@ def _phases(cyc: Cycle, pods: dict[str, PodView], expected: dict[str, str]) -> l
     """Phases of the pods on their planned node and not being deleted: a job re-admitted while
     its old pods still terminate elsewhere is not Running (or Succeeded) on the strength of those."""
     return [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not gone(cyc, pods[n])]
-
-
-def _succeeded(cyc: Cycle, view: ResourceView, status: dict[str, Any], pod_count: int) -> dict[str, Any]:
-    cyc.event(view, "Succeeded", f"all {pod_count} pods completed")
-    conditions = status.get("conditions", [])
-    return {
-        **status,
-        "phase": "Succeeded",
-        "reason": "all pods completed",
-        "conditions": set_condition(conditions, "Running", False, "Succeeded", "all pods completed", cyc.stamp),
-    }
 
 
 def _groups_of(pod_names: list[str], pods_per_group: int) -> set[int]:
