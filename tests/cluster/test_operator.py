@@ -247,6 +247,32 @@ def test_node_loss_replaces_only_the_broken_group(
     assert_gangs_sound(kube)
 
 
+def test_a_drained_node_replaces_its_group_uncharged(
+    kube: Kube, running_operator: OperatorProcess, namespace: str, restore_nodes
+):
+    """`kubectl drain` evicts through the Eviction API (the pod is marked DisruptionTarget and
+    deleted) on a Ready node: a cluster's routine maintenance, not the job's failure."""
+    submit(kube, namespace, job("drained", tp=4, ep=4, pp=2, dp=1, restartPolicy={"maxRestarts": 0}))
+    wait_phase(kube, namespace, "drained", "Running")
+    before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_of(kube, namespace, "drained")}
+    node = before["drained-5"]
+    try:
+        kube.run("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
+
+        def replaced_and_running():
+            nodes = {p["spec"].get("nodeName") for p in pods_of(kube, namespace, "drained")}
+            st = status(kube, namespace, "drained")
+            return st.get("phase") == "Running" and node not in nodes and len(nodes - {None}) == 8 and st
+
+        st = eventually(replaced_and_running, timeout=90, what="drained group placed again and Running")
+        assert st.get("restarts", 0) == 0, "a drain is not charged (maxRestarts=0 would have failed the job)"
+        after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods_of(kube, namespace, "drained")}
+        assert all(after[f"drained-{i}"] == before[f"drained-{i}"] for i in range(4)), "group 0 untouched"
+        assert_gangs_sound(kube)
+    finally:
+        kube.run("uncordon", node)
+
+
 def test_failed_pods_restart_until_max_restarts(kube: Kube, running_operator: OperatorProcess, namespace: str):
     submit(kube, namespace, job("flaky", tp=4, ep=1, pp=1, dp=2, restartPolicy={"scope": "Gang", "maxRestarts": 1}))
     wait_phase(kube, namespace, "flaky", "Running")

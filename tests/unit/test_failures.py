@@ -164,6 +164,24 @@ def test_a_group_whose_planned_node_a_foreign_pod_took_is_placed_again():
     assert any(v == "event" and d[1] == "Replaced" and taken in d[2] for v, d in cluster.calls)
 
 
+def test_a_gang_displaced_with_no_room_elsewhere_is_queued_again_uncharged():
+    cluster = SlowScheduler("nvl72", 1)
+    whole_rack = {"tp": 4, "ep": 18, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "job", {**whole_rack, "restartPolicy": {"maxRestarts": 0}})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    taken = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][1]
+    cluster.pods[("other", "foreign")] = {
+        "metadata": {"name": "foreign", "namespace": "other", "uid": "foreign-uid", "labels": {}},
+        "spec": {"nodeName": taken, "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"},
+    }
+    run(cluster, controller, cycles=2)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Restarting" and "placement" not in status, "given back and queued again"
+    assert status.get("restarts", 0) == 0, "others took its GPUs: not its failure (maxRestarts=0 would fail it)"
+
+
 class FailingDeletes(FakeCluster):
     """The API server fails the first delete of each pod (a 500, a 429, a dropped connection)."""
 
@@ -247,6 +265,28 @@ def test_a_group_that_fails_again_before_the_job_runs_whole_is_charged_again():
     fail_group(cluster, 1)
     run(cluster, controller, cycles=1)
     assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Failed", "maxRestarts=2 exceeded"
+
+
+def test_a_pod_disrupted_from_outside_is_placed_again_uncharged_as_a_pod_failure_policy_ignores_it():
+    """A node-pressure eviction (kubelet marks the pod Failed with DisruptionTarget) and a drain
+    (the Eviction API deletes it) on a Ready node are not the job's failures: review found both
+    charged, so a cluster's routine drains used up a long job's maxRestarts."""
+    cluster, controller = four_groups()
+    pod = cluster.pods[("ml", "j-5")]
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
+    pod["status"] = {**pod["status"], "phase": "Failed", "reason": "Evicted", "conditions": [disrupted]}
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "j")
+    assert status["phase"] == "Running" and status.get("restarts", 0) == 0, status.get("reason")
+    assert any(v == "event" and d[1] == "Restarting" and "TerminationByKubelet" in d[2] for v, d in cluster.calls)
+    cluster.delete_pod("ml", "j-9")  # drained: the Eviction API deleted it
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "j")
+    assert status["phase"] == "Running" and status.get("restarts", 0) == 0, status.get("reason")
+    assert ("ml", "j-9") in cluster.pods, "made again"
+    fail_group(cluster, 3)  # and a crash of its own is still charged
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "ml", "j")["restarts"] == 1
 
 
 def test_a_group_whose_pod_failed_is_placed_again_off_that_node_when_it_fits_elsewhere():

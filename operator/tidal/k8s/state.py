@@ -62,6 +62,10 @@ class PodView:
     made again) is not this one's, even before the garbage collector has removed it."""
     priority_class: str | None = None
     """spec.priorityClassName: which PriorityClass-scoped quotas count the pod."""
+    disruption: str | None = None
+    """Why something outside the pod ended it ("TerminationByKubelet: ..."), from its
+    DisruptionTarget=True condition (node-pressure eviction, the Eviction API, taint manager,
+    scheduler preemption); None when it was not disrupted."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -119,6 +123,14 @@ def _not_scheduled(status: dict[str, Any]) -> str | None:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
             reason, message = c.get("reason") or "", c.get("message") or ""
             return f"{reason}: {message}" if reason and message else reason or message or "not scheduled"
+    return None
+
+
+def _disruption(status: dict[str, Any]) -> str | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            reason, message = c.get("reason") or "", c.get("message") or ""
+            return f"{reason}: {message}" if reason and message else reason or message or "disrupted"
     return None
 
 
@@ -197,6 +209,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
             None,
         ),
         not_scheduled=_not_scheduled(status) if owner else None,
+        disruption=_disruption(status) if owner else None,
     )
 
 

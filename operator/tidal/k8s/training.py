@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -153,7 +154,8 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         why = "; ".join(f"group {g}: {r}" for g, r in sorted(displaced.items()))
         replaced = _replace_groups(cyc, view, status, shape, sorted(displaced), pods)
         if replaced is None:  # no room elsewhere either: give the gang back and queue it again
-            return _restart(cyc, view, status, shape, displaced, pods)
+            others = {g: Breakage(r, own=False) for g, r in displaced.items()}
+            return _restart(cyc, view, status, shape, others, pods)
         cyc.event(view, "Replaced", f"re-placed {len(displaced)} group(s) whose GPUs others took: {why}", warning=True)
         return {**replaced, "reason": why}
     if pods_ready_due(cyc, status):
@@ -487,8 +489,14 @@ def domain_held_nodes(view: ResourceView, status: dict[str, Any]) -> set[str]:
     return exclusive_nodes(domains, status["placement"])
 
 
-NODE_LOST = "node "
-"""How `_broken_groups` starts the reason of a group broken by its node, not by its own pod."""
+@dataclass(frozen=True)
+class Breakage:
+    """Why a group must be placed again, and whether the job itself is to blame: maxRestarts
+    budgets only the job's own failures, as a Kubernetes podFailurePolicy ignores a
+    DisruptionTarget (at 16k GPUs a node fails every ~3 h, so a long job would run out)."""
+
+    reason: str
+    own: bool
 
 
 def _broken_groups(
@@ -498,9 +506,10 @@ def _broken_groups(
     shape: GangShape,
     placement: dict[int, dict[str, Any]],
     pods: dict[str, PodView],
-) -> dict[int, str]:
-    """Group -> why it must be re-placed: a failed pod, a lost node, a vanished pod."""
-    broken: dict[int, str] = {}
+) -> dict[int, Breakage]:
+    """Group -> why it must be re-placed: a failed pod (its own failure unless something outside
+    disrupted it), a lost node, a pod someone else deleted."""
+    broken: dict[int, Breakage] = {}
     running = status.get("phase") == "Running"
     for group, entry in placement.items():
         for i, node in enumerate(entry["nodes"]):
@@ -508,13 +517,18 @@ def _broken_groups(
             view = cyc.state.nodes.get(node)
             pod = pods.get(name)
             if view is None:
-                broken[group] = f"{NODE_LOST}{node} disappeared"
+                broken[group] = Breakage(f"node {node} disappeared", own=False)
             elif not view.ready:
-                broken[group] = f"{NODE_LOST}{node} is NotReady"
+                broken[group] = Breakage(f"node {node} is NotReady", own=False)
             elif pod is not None and pod.phase == "Failed" and pod.node == node and not gone(cyc, pod):
-                broken[group] = f"pod {name} failed"
+                if pod.disruption:
+                    broken[group] = Breakage(f"pod {name} was disrupted ({pod.disruption})", own=False)
+                else:
+                    broken[group] = Breakage(f"pod {name} failed", own=True)
             elif pod is None and running:
-                broken[group] = f"pod {name} vanished"
+                # Deleted by something other than its own process (a drain through the Eviction
+                # API, a descheduler, a user): a crash leaves a Failed pod, not none.
+                broken[group] = Breakage(f"pod {name} vanished", own=False)
             if group in broken:
                 break
     return broken
@@ -550,22 +564,20 @@ def _restart(
     view: ResourceView,
     status: dict[str, Any],
     shape: GangShape,
-    broken: dict[int, str],
+    broken: dict[int, Breakage],
     pods: dict[str, PodView],
 ) -> dict[str, Any]:
     policy = view.spec.get("restartPolicy") or {}
     scope, max_restarts = policy.get("scope", "Group"), policy.get("maxRestarts", 3)
     restarts = int(status.get("restarts") or 0)
-    # maxRestarts budgets the job's own failures, as a Kubernetes podFailurePolicy ignores a
-    # DisruptionTarget: a lost node is not one (at 16k GPUs one fails every ~3 h, so a long job
-    # would run out), nor are survivors whose collectives fail while their peers are re-placed
-    # (one incident, one restart), unless a group of this incident fails again.
+    # Survivors whose collectives fail while their peers are re-placed are one incident, one
+    # restart, unless a group of this incident fails again.
     restarting = set(status.get("restartingGroups") or []) if status.get("phase") == "Restarting" else set()
-    own = {g for g, r in broken.items() if not r.startswith(NODE_LOST)}
+    own = {g for g, b in broken.items() if b.own}
     if own and (not restarting or own & restarting):
         restarts += 1
     cyc.count("restarts")  # the metric counts every restart, charged or not
-    why = "; ".join(f"group {g}: {r}" for g, r in sorted(broken.items()))
+    why = "; ".join(f"group {g}: {b.reason}" for g, b in sorted(broken.items()))
     if restarts > max_restarts:
         _release(cyc, view, status, pods, grace=0)
         cyc.event(view, "Failed", f"giving up after {max_restarts} restarts: {why}", warning=True)
@@ -851,7 +863,7 @@ def _continue_eviction(
     view: ResourceView,
     status: dict[str, Any],
     pods: dict[str, PodView],
-    broken: dict[int, str],
+    broken: dict[int, Breakage],
     exited: bool = False,
 ) -> dict[str, Any]:
     """`broken`: groups with a failed pod or a lost node. A checkpoint is collective, so with a
@@ -889,8 +901,8 @@ def _continue_eviction(
     elif exited:
         how = "without checkpoint-done: its pods all exited during the wait"
     else:
-        group, why = min(broken.items())
-        how = f"without checkpoint-done: group {group} broke during the wait ({why})"
+        group = min(broken)
+        how = f"without checkpoint-done: group {group} broke during the wait ({broken[group].reason})"
     if not done and expired and unseen:
         cyc.event(
             view,
