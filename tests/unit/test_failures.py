@@ -37,6 +37,30 @@ def test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first():
     assert any(v == "event" and d[1] == "Restarting" and "NotReady" in d[2] for v, d in cluster.calls)
 
 
+def test_a_whole_gang_restart_takes_its_own_racks_spares_before_other_racks_free_nodes():
+    """Gang scope gives everything back: the recovery went to whichever rack packed best, as if
+    new, so an emptied rack of ordinary nodes won over its own rack with a spare (issue 10's
+    spare order: own rack's spares, then other racks' ordinary free nodes)."""
+    cluster = FakeCluster("nvl72", 3)
+    for name in ("nvl72-0000", "nvl72-0001", "nvl72-0002"):
+        sn = cluster.get("Supernode", None, name)
+        cluster.objects[("Supernode", None, name)] = dataclasses.replace(sn, spec={**sn.spec, "spares": {"count": 2}})
+    spec = {"tp": 4, "ep": 16, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "job", {**spec, "restartPolicy": {"scope": "Gang"}})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running"
+    rack, lost = status["placement"][0]["supernode"], status["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running" and "recoverOn" not in status, status.get("reason")
+    assert status["placement"][0]["supernode"] == rack, "its own rack, with a spare, not an emptier rack"
+    assert lost not in status["placement"][0]["nodes"]
+    assert {f"{rack}-n16", f"{rack}-n17"} & set(status["placement"][0]["nodes"]), "a hot spare of its rack"
+
+
 class TerminatingNamespace(FakeCluster):
     """The API server refuses new content in a namespace being deleted (403), as for a Service."""
 

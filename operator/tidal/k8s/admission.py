@@ -285,6 +285,7 @@ def _try_admit(
     if problem:  # decided before any planning: nothing is placed, preempted or moved for it
         return _pending(cyc, view, status, DOMAIN_PODS_SHARE_NODE, f"{problem}, or spec.computeDomain: Disabled")
     recovery = status["phase"] == "Restarting"
+    recover_on = tuple(status.get("recoverOn") or ()) if recovery else ()
     elastic = view.spec.get("elastic")
     dps = [view.spec.get("dp", 1)]
     if elastic:
@@ -306,7 +307,8 @@ def _try_admit(
             for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
                 shape = GangShape.of(view.spec, dp)
                 started = time.perf_counter()
-                plan = plan_gang(cyc.snapshot, job_request(cyc, view, shape, recovery=recovery), cyc.demand)
+                request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
+                plan = plan_gang(cyc.snapshot, request, cyc.demand)
                 cyc.placements_ms.append((time.perf_counter() - started) * 1000)
                 if isinstance(plan, PlacementPlan):
                     too_large = _too_large(cyc, view, status, shape, plan)
@@ -358,7 +360,7 @@ def _admitted(
     conditions = set_condition(status.get("conditions", []), "Admitted", True, "Placed", message, cyc.stamp)
     conditions = set_condition(conditions, "Schedulable", True, "Placed", message, cyc.stamp)
     return {
-        **{k: v for k, v in status.items() if k not in ("eviction", "refusedNodes")},
+        **{k: v for k, v in status.items() if k not in ("eviction", "refusedNodes", "recoverOn")},
         **summary,
         "phase": "Admitted" if status["phase"] != "Restarting" else "Restarting",
         "reason": message,

@@ -616,7 +616,8 @@ def _restart(
                 "reason": why,
                 "conditions": conditions,
             }
-    # Whole gang: give everything back and queue as a recovery (which may use hot spares).
+    # Whole gang: give everything back and queue as a recovery (which may use hot spares), its
+    # own supernodes first, so their spares go before other racks' free nodes, as a group's do.
     _release(cyc, view, status, pods, grace=0)
     cyc.event(view, "Restarting", f"restarting the whole gang (restart {restarts}): {why}", warning=True)
     return {
@@ -625,6 +626,7 @@ def _restart(
         "restarts": restarts,
         "reason": f"waiting to re-place the whole gang: {why}",
         "pendingSince": cyc.stamp,
+        "recoverOn": list(dict.fromkeys(g["supernode"] for g in status.get("placement") or [])),
         "conditions": conditions,
     }
 

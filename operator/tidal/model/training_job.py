@@ -269,6 +269,12 @@ class TrainingJobStatus(ApiModel):
         description="Nodes its pods waited on in vain until the admission timeout queued the whole gang again: "
         "the next admission places it off them if it fits elsewhere. Cleared at admission.",
     )
+    recover_on: list[str] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="Supernodes the job held when its whole gang was given back to restart: the recovery is "
+        "placed on them first (their hot spares before other supernodes' free nodes). Cleared at admission.",
+    )
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     eviction_history: list[EvictionRecord] = Field(
         default_factory=list,
