@@ -61,6 +61,34 @@ def test_a_whole_gang_restart_takes_its_own_racks_spares_before_other_racks_free
     assert {f"{rack}-n16", f"{rack}-n17"} & set(status["placement"][0]["nodes"]), "a hot spare of its rack"
 
 
+def test_a_whole_gang_restart_after_a_crash_spares_the_racks_that_lost_nothing_and_avoids_the_node():
+    """Review: preferring every rack the gang held took the hot spares of all of them (one crash at
+    60 racks: ~120 spares gone) while the nodes it had just freed sat idle, and put the gang back
+    on the node its pod crashed on."""
+    cluster = FakeCluster("nvl72", 2)
+    for name in ("nvl72-0000", "nvl72-0001"):
+        sn = cluster.get("Supernode", None, name)
+        cluster.objects[("Supernode", None, name)] = dataclasses.replace(sn, spec={**sn.spec, "spares": {"count": 2}})
+    spec = {"tp": 4, "ep": 16, "pp": 1, "dp": 2, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "job", {**spec, "restartPolicy": {"scope": "Gang"}})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running"
+    crashed_rack = status["placement"][0]["supernode"]
+    other_rack = status["placement"][1]["supernode"]
+    pod = cluster.pods[("ml", "job-3")]
+    bad = pod["spec"]["nodeName"]
+    pod["status"] = {**pod["status"], "phase": "Failed"}
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    used = {n for g in status["placement"] for n in g["nodes"]}
+    assert bad not in used, "back on the node its pod crashed on"
+    assert not {f"{other_rack}-n16", f"{other_rack}-n17"} & used, "the spares of a rack that lost nothing"
+    assert {f"{crashed_rack}-n16", f"{crashed_rack}-n17"} & used, "its broken group's rack: spares first"
+
+
 class TerminatingNamespace(FakeCluster):
     """The API server refuses new content in a namespace being deleted (403), as for a Service."""
 
@@ -237,8 +265,8 @@ def test_a_pod_delete_the_api_failed_is_tried_again():
     assert status["phase"] == "Running" and status.get("restarts", 0) == 0  # a lost node: not charged
 
 
-def four_groups() -> tuple[FakeCluster, Controller]:
-    cluster = FakeCluster("nvl72", 4)
+def four_groups(cls: type[FakeCluster] = FakeCluster) -> tuple[FakeCluster, Controller]:
+    cluster = cls("nvl72", 4)
     spec = {"tp": 4, "ep": 4, "dp": 4, "gpusPerPod": 4, "template": TEMPLATE, "restartPolicy": {"maxRestarts": 2}}
     cluster.add("TrainingJob", "ml", "j", spec)
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
@@ -291,26 +319,88 @@ def test_a_group_that_fails_again_before_the_job_runs_whole_is_charged_again():
     assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Failed", "maxRestarts=2 exceeded"
 
 
-def test_a_pod_disrupted_from_outside_is_placed_again_uncharged_as_a_pod_failure_policy_ignores_it():
-    """A node-pressure eviction (kubelet marks the pod Failed with DisruptionTarget) and a drain
-    (the Eviction API deletes it) on a Ready node are not the job's failures: review found both
-    charged, so a cluster's routine drains used up a long job's maxRestarts."""
+def disrupt(cluster: FakeCluster, name: str, why: str, **status) -> None:
+    pod = cluster.pods[("ml", name)]
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": why}
+    pod["status"] = {**pod["status"], **status, "conditions": [condition]}
+
+
+def restarts(cluster: FakeCluster) -> int:
+    return cluster.status("TrainingJob", "ml", "j").get("restarts", 0)
+
+
+def test_a_drained_pod_is_placed_again_uncharged_and_so_are_peers_failing_while_it_terminates():
+    """A drain (the Eviction API marks the pod DisruptionTarget, then deletes it) on a Ready node is
+    not the job's failure; the other groups' collectives fail while it terminates: one incident."""
     cluster, controller = four_groups()
+    disrupt(cluster, "j-5", "EvictionByEvictionAPI")
     pod = cluster.pods[("ml", "j-5")]
-    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
-    pod["status"] = {**pod["status"], "phase": "Failed", "reason": "Evicted", "conditions": [disrupted]}
-    run(cluster, controller, cycles=4)
-    status = cluster.status("TrainingJob", "ml", "j")
-    assert status["phase"] == "Running" and status.get("restarts", 0) == 0, status.get("reason")
-    assert any(v == "event" and d[1] == "Restarting" and "TerminationByKubelet" in d[2] for v, d in cluster.calls)
-    cluster.delete_pod("ml", "j-9")  # drained: the Eviction API deleted it
-    run(cluster, controller, cycles=4)
-    status = cluster.status("TrainingJob", "ml", "j")
-    assert status["phase"] == "Running" and status.get("restarts", 0) == 0, status.get("reason")
-    assert ("ml", "j-9") in cluster.pods, "made again"
-    fail_group(cluster, 3)  # and a crash of its own is still charged
+    pod["metadata"] = {**pod["metadata"], "deletionTimestamp": "2026-05-01T00:00:00Z"}
     run(cluster, controller, cycles=1)
-    assert cluster.status("TrainingJob", "ml", "j")["restarts"] == 1
+    status = cluster.status("TrainingJob", "ml", "j")
+    assert status["phase"] == "Restarting" and status["restartingGroups"] == [1] and restarts(cluster) == 0
+    assert "EvictionByEvictionAPI" in status["reason"]
+    del cluster.pods[("ml", "j-5")]  # its termination ends
+    fail_group(cluster, 2)  # NCCL errors out on a peer while the drained group is re-placed
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "j")
+    assert status["phase"] == "Running" and restarts(cluster) == 0, status.get("reason")
+
+
+def test_a_pod_deleted_after_its_disruption_was_seen_is_placed_again_uncharged():
+    """The Eviction API writes the condition, then deletes: a cycle may see only the first write and
+    then no pod; the cache keeps the deleted pod's last view to tell it from a crash."""
+    cluster, controller = four_groups()
+    disrupt(cluster, "j-5", "PreemptionByScheduler")  # seen, not yet deleted: nothing broken yet
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Running"
+    del cluster.pods[("ml", "j-5")]
+    run(cluster, controller, cycles=4)
+    status = cluster.status("TrainingJob", "ml", "j")
+    assert status["phase"] == "Running" and restarts(cluster) == 0, status.get("reason")
+    assert any(v == "event" and d[1] == "Restarting" and "PreemptionByScheduler" in d[2] for v, d in cluster.calls)
+
+
+def test_a_pod_failed_by_graceful_node_shutdown_is_uncharged_and_one_evicted_for_node_pressure_is_charged():
+    cluster, controller = four_groups()
+    disrupt(cluster, "j-5", "TerminationByKubelet", phase="Failed", reason="Terminated")
+    run(cluster, controller, cycles=4)
+    assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Running" and restarts(cluster) == 0
+    # The kubelet evicts first the pod most over its requests: usually the one causing the pressure.
+    disrupt(cluster, "j-9", "TerminationByKubelet", phase="Failed", reason="Evicted")
+    run(cluster, controller, cycles=1)
+    assert restarts(cluster) == 1
+
+
+def test_a_group_with_one_pod_disrupted_and_another_crashed_is_charged():
+    cluster, controller = four_groups()
+    disrupt(cluster, "j-4", "TerminationByKubelet", phase="Failed", reason="Terminated")
+    pod = cluster.pods[("ml", "j-6")]
+    pod["status"] = {**pod["status"], "phase": "Failed"}
+    run(cluster, controller, cycles=1)
+    assert restarts(cluster) == 1, "judged by its own failure, not by its first broken pod (review)"
+
+
+def test_a_pod_gone_with_no_disruption_on_record_is_charged():
+    """A crash leaves a Failed pod, which pod GC, a cleanup job or a user may delete before a cycle
+    sees it; a pod deleted by hand is counted as a Kubernetes Job counts it."""
+    cluster, controller = four_groups()
+    del cluster.pods[("ml", "j-5")]
+    run(cluster, controller, cycles=1)
+    assert restarts(cluster) == 1
+
+
+def test_a_crash_whose_restart_status_was_refused_is_still_charged():
+    """The restart's status write refused, its pod deletes went out: the next cycle finds the pods
+    gone, and their last view (Failed, no disruption) still charges it (review)."""
+    cluster, controller = four_groups(RefusedStatus)
+    fail_group(cluster, 1)
+    cluster.refuse.add("j")
+    run(cluster, controller, cycles=1)
+    assert ("patch_status_refused", ("TrainingJob", "j")) in cluster.calls and restarts(cluster) == 0
+    cluster.refuse.clear()
+    run(cluster, controller, cycles=1)
+    assert restarts(cluster) == 1
 
 
 def test_a_group_whose_pod_failed_is_placed_again_off_that_node_when_it_fits_elsewhere():

@@ -390,7 +390,9 @@ def _preempt_or_wait(
     defrag_budget: Budget | None = None,
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
-    request = job_request(cyc, view, shape, recovery=status["phase"] == "Restarting")
+    recovery = status["phase"] == "Restarting"
+    recover_on = tuple(status.get("recoverOn") or ()) if recovery else ()
+    request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
     gangs, scratch = _preemption_inputs(cyc, statuses)
     own_victims = bool(_leaving_for(view, statuses))
     if own_victims or any(g.preemptible and g.priority < request.priority for g in gangs):

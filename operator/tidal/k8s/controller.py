@@ -303,6 +303,7 @@ class Controller:
         self._book(statuses, pools, {m.accelerator for m in members.values()})
         snapshot = self.keeper.refresh(cache, dirty_nodes)
         self.deleted_uids &= cache.pod_uids  # forget pods that are gone for good
+        cache.forget_departed(set(statuses) | set(pools))
         cyc = Cycle(
             cache,
             members,

@@ -64,8 +64,8 @@ class PodView:
     """spec.priorityClassName: which PriorityClass-scoped quotas count the pod."""
     disruption: str | None = None
     """Why something outside the pod ended it ("TerminationByKubelet: ..."), from its
-    DisruptionTarget=True condition (node-pressure eviction, the Eviction API, taint manager,
-    scheduler preemption); None when it was not disrupted."""
+    DisruptionTarget=True condition (the Eviction API, taint manager, scheduler preemption, graceful
+    node shutdown); None when it was not disrupted, or was evicted for node pressure."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -127,6 +127,8 @@ def _not_scheduled(status: dict[str, Any]) -> str | None:
 
 
 def _disruption(status: dict[str, Any]) -> str | None:
+    if status.get("reason") == "Evicted":  # node pressure: charged, see training._disrupted
+        return None
     for c in status.get("conditions") or []:
         if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
             reason, message = c.get("reason") or "", c.get("message") or ""

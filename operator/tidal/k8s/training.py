@@ -134,7 +134,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         for g, entry in placement.items()
         for i, node in enumerate(entry["nodes"])
     }
-    broken = _broken_groups(cyc, view.name, status, shape, placement, pods)
+    broken = _broken_groups(cyc, view, status, shape, placement, pods)
     if status.get("eviction"):
         # Pods that all exited 0 during a checkpoint wait leave nothing to wait for, but are not
         # taken for a finished job: a trainer may save and exit on the request (SLURM-requeue
@@ -501,37 +501,57 @@ class Breakage:
 
 def _broken_groups(
     cyc: Cycle,
-    job: str,
+    view: ResourceView,
     status: dict[str, Any],
     shape: GangShape,
     placement: dict[int, dict[str, Any]],
     pods: dict[str, PodView],
 ) -> dict[int, Breakage]:
-    """Group -> why it must be re-placed: a failed pod (its own failure unless something outside
-    disrupted it), a lost node, a pod someone else deleted."""
+    """Group -> why it must be re-placed: a lost node, a pod disrupted from outside (its
+    DisruptionTarget condition), a pod that failed or vanished (the job's own failure: a crash
+    leaves a Failed pod, which something may delete before a cycle sees it, so a pod gone without
+    a disruption on record is charged). A group is charged if any of its pods failed on its own."""
     broken: dict[int, Breakage] = {}
     running = status.get("phase") == "Running"
     for group, entry in placement.items():
+        found: list[Breakage] = []
         for i, node in enumerate(entry["nodes"]):
-            name = pod_name(job, group * shape.pods_per_group + i)
-            view = cyc.state.nodes.get(node)
-            pod = pods.get(name)
-            if view is None:
-                broken[group] = Breakage(f"node {node} disappeared", own=False)
-            elif not view.ready:
-                broken[group] = Breakage(f"node {node} is NotReady", own=False)
-            elif pod is not None and pod.phase == "Failed" and pod.node == node and not gone(cyc, pod):
-                if pod.disruption:
-                    broken[group] = Breakage(f"pod {name} was disrupted ({pod.disruption})", own=False)
-                else:
-                    broken[group] = Breakage(f"pod {name} failed", own=True)
+            name = pod_name(view.name, group * shape.pods_per_group + i)
+            node_view, pod = cyc.state.nodes.get(node), pods.get(name)
+            if node_view is None:
+                found.append(Breakage(f"node {node} disappeared", own=False))
+            elif not node_view.ready:
+                found.append(Breakage(f"node {node} is NotReady", own=False))
+            elif pod is not None and pod.node == node and pod.uid not in cyc.deleted_uids:
+                if _disrupted(pod):
+                    # Broken now, not once it is gone: peers whose collectives fail meanwhile are
+                    # then the same incident.
+                    found.append(Breakage(f"pod {name} was disrupted ({pod.disruption})", own=False))
+                elif pod.phase == "Failed" and not pod.terminating:
+                    found.append(Breakage(f"pod {name} failed", own=True))
             elif pod is None and running:
-                # Deleted by something other than its own process (a drain through the Eviction
-                # API, a descheduler, a user): a crash leaves a Failed pod, not none.
-                broken[group] = Breakage(f"pod {name} vanished", own=False)
-            if group in broken:
-                break
+                last = cyc.state.departed.get((view.namespace, name))
+                # Deleted after it was marked (the condition is written before the delete): the
+                # disruption is what removed it.
+                if last is not None and last.owner_uid == view.uid and last.disruption:
+                    found.append(Breakage(f"pod {name} was disrupted ({last.disruption})", own=False))
+                else:
+                    found.append(Breakage(f"pod {name} vanished", own=True))
+        if found:
+            own = [b for b in found if b.own]
+            broken[group] = own[0] if own else found[0]
     return broken
+
+
+def _disrupted(pod: PodView) -> bool:
+    """Ended by something outside it: marked DisruptionTarget and being deleted (the Eviction API
+    of a drain, the taint manager, kube-scheduler preemption), or Failed by the kubelet's graceful
+    node shutdown. A node-pressure eviction is not (`state._disruption`: the kubelet evicts first
+    the pod most over its requests, usually the one causing the pressure), nor is a condition left
+    on a pod nobody deleted (an aborted preemption)."""
+    if not pod.disruption:
+        return False
+    return pod.terminating or (pod.phase == "Failed" and pod.disruption.startswith("TerminationByKubelet"))
 
 
 def _displaced_groups(
@@ -592,17 +612,18 @@ def _restart(
         }
     log.info("restart", namespace=view.namespace, name=view.name, scope=scope, restarts=restarts, why=why)
     conditions = set_condition(status.get("conditions", []), "Running", False, "Restarting", why, cyc.stamp)
+    # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
+    # health checker has tainted would otherwise take the group back and fail it again.
+    failed_on = frozenset(
+        pod.node
+        for g in broken
+        for i in range(shape.pods_per_group)
+        if (pod := pods.get(pod_name(view.name, g * shape.pods_per_group + i))) is not None
+        and pod.phase == "Failed"
+        and pod.node
+    )
+    placement = {g["group"]: g for g in status.get("placement") or []}
     if scope == "Group":
-        # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
-        # health checker has tainted would otherwise take the group back and fail it again.
-        failed_on = frozenset(
-            pod.node
-            for g in broken
-            for i in range(shape.pods_per_group)
-            if (pod := pods.get(pod_name(view.name, g * shape.pods_per_group + i))) is not None
-            and pod.phase == "Failed"
-            and pod.node
-        )
         replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods, avoid=failed_on)
         if replaced is None and failed_on:
             replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods)
@@ -616,8 +637,10 @@ def _restart(
                 "reason": why,
                 "conditions": conditions,
             }
-    # Whole gang: give everything back and queue as a recovery (which may use hot spares), its
-    # own supernodes first, so their spares go before other racks' free nodes, as a group's do.
+    # Whole gang: give everything back and queue as a recovery (which may use hot spares): the
+    # broken groups' supernodes first, so their spares go before other racks' free nodes, as a
+    # group's do (not every rack it held: that would take the spares of racks that lost nothing),
+    # and off the nodes its pods failed on if it fits elsewhere.
     _release(cyc, view, status, pods, grace=0)
     cyc.event(view, "Restarting", f"restarting the whole gang (restart {restarts}): {why}", warning=True)
     return {
@@ -626,7 +649,8 @@ def _restart(
         "restarts": restarts,
         "reason": f"waiting to re-place the whole gang: {why}",
         "pendingSince": cyc.stamp,
-        "recoverOn": list(dict.fromkeys(g["supernode"] for g in status.get("placement") or [])),
+        "recoverOn": list(dict.fromkeys(placement[g]["supernode"] for g in sorted(broken) if g in placement)),
+        **({"refusedNodes": sorted(failed_on)[:256]} if failed_on else {}),
         "conditions": conditions,
     }
 

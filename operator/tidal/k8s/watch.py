@@ -75,6 +75,10 @@ class WatchCache:
         self._by_owner_uid: dict[str, dict[tuple[str, str], PodView]] = {}
         """Controlling workload uid -> its pods, for pods that outlive their workload."""
         self.pod_uids: set[str] = set()
+        self.departed: dict[tuple[str, str], PodView] = {}
+        """(namespace, name) -> the last view of a deleted pod a tidal workload controlled, until a
+        pod of that name comes again or its workload is gone (`forget_departed`): why a pod of a
+        running gang vanished (a drain marks it DisruptionTarget first; a crash leaves it Failed)."""
         self.other_held: dict[str, Counter[str]] = {}
         """Node -> accelerators held by bound, active pods tidal does not own."""
         self.tainted: set[str] = set()
@@ -242,9 +246,17 @@ class WatchCache:
             self._index_pod(old, -1)
         if view is None:
             self.pods.pop(key, None)
+            if old is not None and old.owner is not None:
+                self.departed[key] = old
         else:
+            self.departed.pop(key, None)
             self.pods[key] = view
             self._index_pod(view, +1)
+
+    def forget_departed(self, live_owner_uids: set[str]) -> None:
+        """Drop the last views of pods whose workload is gone (no pod of that name will be asked about)."""
+        for key in [k for k, v in self.departed.items() if v.owner_uid not in live_owner_uids]:
+            del self.departed[key]
 
     def _index_pod(self, pod: PodView, sign: int) -> None:
         if pod.owner is not None:

@@ -266,14 +266,16 @@ class TrainingJobStatus(ApiModel):
     refused_nodes: list[str] = Field(
         default_factory=list,
         max_length=256,
-        description="Nodes its pods waited on in vain until the admission timeout queued the whole gang again: "
-        "the next admission places it off them if it fits elsewhere. Cleared at admission.",
+        description="Nodes its pods waited on in vain until the admission timeout queued the whole gang again, "
+        "or failed on before a whole-gang restart: the next admission places it off them if it fits elsewhere. "
+        "Cleared at admission.",
     )
     recover_on: list[str] = Field(
         default_factory=list,
         max_length=100_000,
-        description="Supernodes the job held when its whole gang was given back to restart: the recovery is "
-        "placed on them first (their hot spares before other supernodes' free nodes). Cleared at admission.",
+        description="Supernodes of the broken groups when the whole gang was given back to restart: the "
+        "recovery is placed on them first (their hot spares before other supernodes' free nodes). Cleared at "
+        "admission.",
     )
     eviction: EvictionStatus | None = Field(default=None, description="Checkpoint-first eviction in progress.")
     eviction_history: list[EvictionRecord] = Field(
