@@ -335,3 +335,42 @@ def test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again():
         assert creates()[before:] == [("create_supernode", "nvl72-0000")]
 
     asyncio.run(scenario())
+
+
+def test_a_deleted_pod_leaves_its_final_state_to_tell_a_drain_from_a_crash():
+    """The DELETED event's object is the pod's final state: a drained pod's DisruptionTarget and
+    deletionTimestamp, which the cache keeps (`WatchCache.departed`) for the job's next reconcile."""
+    _, controller, sim, _ = setup(1)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "j-0",
+            "namespace": "ml",
+            "uid": "pod-1",
+            "deletionTimestamp": "2026-05-01T00:00:00Z",
+            "labels": {"app.kubernetes.io/managed-by": "tidal", "tidal.dev/job": "j", "tidal.dev/hbd-group": "0"},
+            "ownerReferences": [
+                {"apiVersion": "tidal.dev/v1alpha1", "kind": "TrainingJob", "name": "j", "uid": "job-1"}
+                | {"controller": True}
+            ],
+        },
+        "spec": {"nodeName": "nvl72-0000-n00", "containers": [{"name": "c"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}],
+        },
+    }
+
+    meta = {k: v for k, v in pod["metadata"].items() if k != "deletionTimestamp"}
+    running = {**pod, "metadata": meta, "status": {"phase": "Running"}}
+
+    async def scenario() -> None:
+        await sim.event("pods", running)  # the last event before the delete (or the listing's view)
+        await sim.event("pods", pod, type="DELETED")
+        controller.cache.drain()
+        assert ("ml", "j-0") not in controller.cache.pods
+        last = controller.cache.departed[("ml", "j-0")]
+        assert (last.disruption, last.terminating, last.owner_uid) == ("EvictionByEvictionAPI", True, "job-1")
+
+    asyncio.run(scenario())

@@ -300,21 +300,25 @@ def _try_admit(
     # Nodes where its pods were last refused (an admission timeout that queued the whole gang):
     # tried without them first, then anywhere, so they never keep it from fitting.
     refused = tuple(status.get("refusedNodes") or ())
-    misses: list[Unplaceable] = []
-    for avoided in (refused, ()) if refused else ((),):
-        misses = []
+    passes = (refused, ()) if refused else ((),)
+    # An elastic job starts smaller rather than wait, down to minDP. A recovery's refused nodes
+    # are where a pod crashed (most crashes are software): its size comes before avoiding them.
+    # After an admission timeout they are where pods never landed: avoiding them comes first.
+    attempts = [(a, dp) for dp in dps for a in passes] if recovery else [(a, dp) for a in passes for dp in dps]
+    misses: list[Unplaceable] = []  # of the last pass, anywhere
+    for avoided, dp in attempts:
         with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoided):
-            for dp in dps:  # an elastic job starts smaller rather than wait, down to minDP
-                shape = GangShape.of(view.spec, dp)
-                started = time.perf_counter()
-                request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
-                plan = plan_gang(cyc.snapshot, request, cyc.demand)
-                cyc.placements_ms.append((time.perf_counter() - started) * 1000)
-                if isinstance(plan, PlacementPlan):
-                    too_large = _too_large(cyc, view, status, shape, plan)
-                    if too_large is not None:
-                        return too_large
-                    return _admitted(cyc, view, status, shape, plan)
+            shape = GangShape.of(view.spec, dp)
+            started = time.perf_counter()
+            request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
+            plan = plan_gang(cyc.snapshot, request, cyc.demand)
+            cyc.placements_ms.append((time.perf_counter() - started) * 1000)
+            if isinstance(plan, PlacementPlan):
+                too_large = _too_large(cyc, view, status, shape, plan)
+                if too_large is not None:
+                    return too_large
+                return _admitted(cyc, view, status, shape, plan)
+            if not avoided:
                 misses.append(plan)
     if misses[-1].permanent:  # not even the smallest allowed shape fits an empty cluster
         return _pending(cyc, view, status, misses[-1].reason.value, misses[0].message)

@@ -110,6 +110,8 @@ def _feed(memo: kopf.Memo, event: dict[str, Any], kind: str, key: Any, make: Any
         # peering resume), and may have kept objects the new list lacks (see audit_indices).
         memo.controller.relisted.add(kind)
     if event.get("type") == "DELETED":
+        if kind == "pod":  # its final state first: a drain's condition and deletionTimestamp (`departed`)
+            memo.controller.cache.feed(kind, key, make(dict(body)))
         view = None
     elif view is None:  # the index function failed (kopf logged it): the cache still learns the change
         view = make(dict(body))

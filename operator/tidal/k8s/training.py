@@ -140,7 +140,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         # taken for a finished job: a trainer may save and exit on the request (SLURM-requeue
         # style), so the job is evicted and queued again; one that had finished re-runs from
         # its last checkpoint and exits.
-        phases = _phases(cyc, pods, expected)
+        phases = _phases(cyc, view, pods, expected)
         exited = len(phases) == len(expected) and all(p == "Succeeded" for p in phases)
         return _continue_eviction(cyc, view, status, pods, broken, exited)
     if view.spec.get("suspend"):
@@ -176,7 +176,10 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         return [made[n] for n in names]
 
     cyc.delete_stale_pods(pods, expected)  # left over from a larger shape, or a group re-placed elsewhere
-    missing = cyc.sync_gang(view.namespace, pods, expected, build)
+    # A pod that finished and was deleted since (pod GC) is not made again: it would run again.
+    finished = {n for n in expected if n not in pods and _finished_and_gone(cyc, view, n, expected[n])}
+    to_keep = {n: node for n, node in expected.items() if n not in finished} if finished else expected
+    missing = cyc.sync_gang(view.namespace, pods, to_keep, build)
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.ensure_service(headless_service(view.name, view.namespace, view.uid))
         # Only the domains of groups that miss a pod: a domain is immutable and named per
@@ -188,7 +191,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
 
     _announce_world_size(cyc, view, shape, pods, expected)
 
-    phases = _phases(cyc, pods, expected)
+    phases = _phases(cyc, view, pods, expected)
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
         status["phase"] = "Succeeded"
         status["reason"] = "all pods completed"
@@ -211,10 +214,24 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     return status
 
 
-def _phases(cyc: Cycle, pods: dict[str, PodView], expected: dict[str, str]) -> list[str]:
+def _phases(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], expected: dict[str, str]) -> list[str]:
     """Phases of the pods on their planned node and not being deleted: a job re-admitted while
-    its old pods still terminate elsewhere is not Running (or Succeeded) on the strength of those."""
-    return [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not gone(cyc, pods[n])]
+    its old pods still terminate elsewhere is not Running (or Succeeded) on the strength of those.
+    A pod that finished there and was deleted since (pod GC) counts as Succeeded."""
+    phases = []
+    for name, node in expected.items():
+        pod = pods.get(name)
+        if pod is not None:
+            if pod.node == node and not gone(cyc, pod):
+                phases.append(pod.phase)
+        elif _finished_and_gone(cyc, view, name, node):
+            phases.append("Succeeded")
+    return phases
+
+
+def _finished_and_gone(cyc: Cycle, view: ResourceView, name: str, node: str) -> bool:
+    last = _departed(cyc, view, name)
+    return last is not None and last.phase == "Succeeded" and last.node == node
 
 
 def _groups_of(pod_names: list[str], pods_per_group: int) -> set[int]:
@@ -509,8 +526,9 @@ def _broken_groups(
 ) -> dict[int, Breakage]:
     """Group -> why it must be re-placed: a lost node, a pod disrupted from outside (its
     DisruptionTarget condition), a pod that failed or vanished (the job's own failure: a crash
-    leaves a Failed pod, which something may delete before a cycle sees it, so a pod gone without
-    a disruption on record is charged). A group is charged if any of its pods failed on its own."""
+    leaves a Failed pod, which something may delete before a cycle sees it, so a pod gone with no
+    disruption or success on record is charged). A lost node or a disruption in a group explains
+    its other pods' failures: their collectives fail within seconds of it."""
     broken: dict[int, Breakage] = {}
     running = status.get("phase") == "Running"
     for group, entry in placement.items():
@@ -530,28 +548,35 @@ def _broken_groups(
                 elif pod.phase == "Failed" and not pod.terminating:
                     found.append(Breakage(f"pod {name} failed", own=True))
             elif pod is None and running:
-                last = cyc.state.departed.get((view.namespace, name))
-                # Deleted after it was marked (the condition is written before the delete): the
-                # disruption is what removed it.
-                if last is not None and last.owner_uid == view.uid and last.disruption:
+                if _finished_and_gone(cyc, view, name, node):
+                    continue  # pod GC may remove finished pods before their peers end
+                last = _departed(cyc, view, name)
+                if last is not None and _disrupted(last):
                     found.append(Breakage(f"pod {name} was disrupted ({last.disruption})", own=False))
                 else:
                     found.append(Breakage(f"pod {name} vanished", own=True))
         if found:
-            own = [b for b in found if b.own]
-            broken[group] = own[0] if own else found[0]
+            outside = [b for b in found if not b.own]
+            broken[group] = outside[0] if outside else found[0]
     return broken
+
+
+def _departed(cyc: Cycle, view: ResourceView, name: str) -> PodView | None:
+    """The last view of this job's deleted pod `name`, if the watch cache kept one."""
+    last = cyc.state.departed.get((view.namespace, name))
+    return last if last is not None and last.owner_uid == view.uid else None
 
 
 def _disrupted(pod: PodView) -> bool:
     """Ended by something outside it: marked DisruptionTarget and being deleted (the Eviction API
-    of a drain, the taint manager, kube-scheduler preemption), or Failed by the kubelet's graceful
-    node shutdown. A node-pressure eviction is not (`state._disruption`: the kubelet evicts first
-    the pod most over its requests, usually the one causing the pressure), nor is a condition left
-    on a pod nobody deleted (an aborted preemption)."""
-    if not pod.disruption:
+    of a drain, the taint manager, kube-scheduler preemption; the watch's last view of a deleted
+    pod is its final state), or stopped by the kubelet's graceful node shutdown. Not a node-pressure
+    eviction (`state._disruption`: the kubelet evicts first the pod most over its requests, usually
+    the one causing the pressure), a condition left on a pod nobody deleted (an aborted
+    preemption), or a pod that had already finished."""
+    if not pod.disruption or pod.phase == "Succeeded":
         return False
-    return pod.terminating or (pod.phase == "Failed" and pod.disruption.startswith("TerminationByKubelet"))
+    return pod.terminating or pod.disruption.startswith("TerminationByKubelet")
 
 
 def _displaced_groups(
@@ -614,14 +639,19 @@ def _restart(
     conditions = set_condition(status.get("conditions", []), "Running", False, "Restarting", why, cyc.stamp)
     # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
     # health checker has tainted would otherwise take the group back and fail it again.
+    # Not when many failed: a crash's collective fallout fails every peer, and which node was bad
+    # cannot be told from the phases (avoiding them all would only miss it and push the gang away).
     failed_on = frozenset(
         pod.node
-        for g in broken
+        for g, b in broken.items()
+        if b.own
         for i in range(shape.pods_per_group)
         if (pod := pods.get(pod_name(view.name, g * shape.pods_per_group + i))) is not None
         and pod.phase == "Failed"
         and pod.node
     )
+    if len(failed_on) > shape.pods_per_group:
+        failed_on = frozenset()
     placement = {g["group"]: g for g in status.get("placement") or []}
     if scope == "Group":
         replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods, avoid=failed_on)
@@ -650,7 +680,7 @@ def _restart(
         "reason": f"waiting to re-place the whole gang: {why}",
         "pendingSince": cyc.stamp,
         "recoverOn": list(dict.fromkeys(placement[g]["supernode"] for g in sorted(broken) if g in placement)),
-        **({"refusedNodes": sorted(failed_on)[:256]} if failed_on else {}),
+        **({"refusedNodes": sorted(failed_on)} if failed_on else {}),
         "conditions": conditions,
     }
 
