@@ -377,42 +377,37 @@ def test_a_pod_deleted_with_a_disruption_on_its_final_state_is_uncharged_and_one
 
 def test_the_departed_record_is_dropped_when_the_name_comes_back_and_with_its_job():
     cluster, controller = four_groups()
+    cache = controller.cache
     disrupt(cluster, "j-5", "EvictionByEvictionAPI")
-    delete_as_watched(cluster, controller, "j-5", deletionTimestamp="2026-05-01T00:00:00Z")
-    assert ("ml", "j-5") in controller.cache.departed
-    run(cluster, controller, cycles=3)
-    assert ("ml", "j-5") in cluster.pods and ("ml", "j-5") not in controller.cache.departed, "made again: it goes"
-    disrupt(cluster, "j-9", "EvictionByEvictionAPI")
-    delete_as_watched(cluster, controller, "j-9", deletionTimestamp="2026-05-01T00:00:00Z")
-    controller.cache.departed[("ml", "gone-0")] = dataclasses.replace(
-        controller.cache.departed.get(("ml", "j-9")) or next(iter(controller.cache.pods.values())),
-        owner_uid="a-deleted-job",
-    )
+    body = cluster.pods[("ml", "j-5")]
+    final = {**body, "metadata": {**body["metadata"], "deletionTimestamp": "2026-05-01T00:00:00Z"}}
+    cache.feed("pod", ("ml", "j-5"), pod_view(final))
+    cache.feed("pod", ("ml", "j-5"), None)
+    cache.drain()
+    assert ("ml", "j-5") in cache.departed
+    cache.feed("pod", ("ml", "j-5"), pod_view(body))  # a pod of that name again
+    cache.drain()
+    assert ("ml", "j-5") not in cache.departed
+    cache.feed("pod", ("ml", "j-5"), pod_view(final))
+    cache.feed("pod", ("ml", "j-5"), None)
+    cache.drain()
+    cache.departed[("ml", "gone-0")] = dataclasses.replace(cache.departed[("ml", "j-5")], owner_uid="a-deleted-job")
     run(cluster, controller, cycles=1)
-    assert ("ml", "gone-0") not in controller.cache.departed, "its job is gone"
+    assert ("ml", "gone-0") not in cache.departed, "its job is gone"
 
 
-@pytest.mark.parametrize("drained", [False, True])
-def test_a_finished_pod_removed_by_pod_gc_before_its_peers_end_is_neither_a_failure_nor_run_again(drained):
-    """Review: ranks finish minutes apart and pod GC removes the oldest finished pods first; the
-    job was restarted, charged, and could end Failed after it had succeeded."""
+def test_a_group_disrupted_by_a_node_shutting_down_is_placed_off_that_node():
+    """Graceful node shutdown marks the pod before the node goes NotReady: placed back there, the
+    new pod is refused by the kubelet (NodeShutdown, no condition) and charged (review)."""
     cluster, controller = four_groups()
-    pod = cluster.pods[("ml", "j-5")]
-    pod["status"] = {**pod["status"], "phase": "Succeeded"}
-    if drained:  # a drain of the node after the pod finished: nothing of the job's is lost
-        disrupt(cluster, "j-5", "EvictionByEvictionAPI", phase="Succeeded")
-        pod["metadata"] = {**pod["metadata"], "deletionTimestamp": "2026-05-01T00:00:00Z"}
+    node = cluster.pods[("ml", "j-5")]["spec"]["nodeName"]
+    disrupt(cluster, "j-5", "TerminationByKubelet", reason="Terminated")
     run(cluster, controller, cycles=1)
-    assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Running"
-    delete_as_watched(cluster, controller, "j-5")
-    run(cluster, controller, cycles=2)
+    cluster.pods.pop(("ml", "j-5"), None)  # its termination ends (if the operator's delete has not)
+    run(cluster, controller, cycles=3)
     status = cluster.status("TrainingJob", "ml", "j")
-    assert status["phase"] == "Running" and restarts(cluster) == 0, status.get("reason")
-    assert ("ml", "j-5") not in cluster.pods, "made again: it would train again"
-    for p in cluster.pods.values():
-        p["status"] = {**p["status"], "phase": "Succeeded"}
-    run(cluster, controller, cycles=1)
-    assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Succeeded"
+    assert status["phase"] == "Running" and restarts(cluster) == 0
+    assert node not in status["placement"][1]["nodes"]
 
 
 def test_a_pod_failed_by_graceful_node_shutdown_is_uncharged_and_one_evicted_for_node_pressure_is_charged():

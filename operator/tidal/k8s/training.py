@@ -140,7 +140,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         # taken for a finished job: a trainer may save and exit on the request (SLURM-requeue
         # style), so the job is evicted and queued again; one that had finished re-runs from
         # its last checkpoint and exits.
-        phases = _phases(cyc, view, pods, expected)
+        phases = _phases(cyc, pods, expected)
         exited = len(phases) == len(expected) and all(p == "Succeeded" for p in phases)
         return _continue_eviction(cyc, view, status, pods, broken, exited)
     if view.spec.get("suspend"):
@@ -176,10 +176,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         return [made[n] for n in names]
 
     cyc.delete_stale_pods(pods, expected)  # left over from a larger shape, or a group re-placed elsewhere
-    # A pod that finished and was deleted since (pod GC) is not made again: it would run again.
-    finished = {n for n in expected if n not in pods and _finished_and_gone(cyc, view, n, expected[n])}
-    to_keep = {n: node for n, node in expected.items() if n not in finished} if finished else expected
-    missing = cyc.sync_gang(view.namespace, pods, to_keep, build)
+    missing = cyc.sync_gang(view.namespace, pods, expected, build)
     if missing:  # idempotent; also after an operator restart between the first pods and the Service
         cyc.ensure_service(headless_service(view.name, view.namespace, view.uid))
         # Only the domains of groups that miss a pod: a domain is immutable and named per
@@ -191,7 +188,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
 
     _announce_world_size(cyc, view, shape, pods, expected)
 
-    phases = _phases(cyc, view, pods, expected)
+    phases = _phases(cyc, pods, expected)
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
         status["phase"] = "Succeeded"
         status["reason"] = "all pods completed"
@@ -214,24 +211,10 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
     return status
 
 
-def _phases(cyc: Cycle, view: ResourceView, pods: dict[str, PodView], expected: dict[str, str]) -> list[str]:
+def _phases(cyc: Cycle, pods: dict[str, PodView], expected: dict[str, str]) -> list[str]:
     """Phases of the pods on their planned node and not being deleted: a job re-admitted while
-    its old pods still terminate elsewhere is not Running (or Succeeded) on the strength of those.
-    A pod that finished there and was deleted since (pod GC) counts as Succeeded."""
-    phases = []
-    for name, node in expected.items():
-        pod = pods.get(name)
-        if pod is not None:
-            if pod.node == node and not gone(cyc, pod):
-                phases.append(pod.phase)
-        elif _finished_and_gone(cyc, view, name, node):
-            phases.append("Succeeded")
-    return phases
-
-
-def _finished_and_gone(cyc: Cycle, view: ResourceView, name: str, node: str) -> bool:
-    last = _departed(cyc, view, name)
-    return last is not None and last.phase == "Succeeded" and last.node == node
+    its old pods still terminate elsewhere is not Running (or Succeeded) on the strength of those."""
+    return [pods[n].phase for n in expected if n in pods and pods[n].node == expected[n] and not gone(cyc, pods[n])]
 
 
 def _groups_of(pod_names: list[str], pods_per_group: int) -> set[int]:
@@ -527,7 +510,7 @@ def _broken_groups(
     """Group -> why it must be re-placed: a lost node, a pod disrupted from outside (its
     DisruptionTarget condition), a pod that failed or vanished (the job's own failure: a crash
     leaves a Failed pod, which something may delete before a cycle sees it, so a pod gone with no
-    disruption or success on record is charged). A lost node or a disruption in a group explains
+    disruption on record is charged). A lost node or a disruption in a group explains
     its other pods' failures: their collectives fail within seconds of it."""
     broken: dict[int, Breakage] = {}
     running = status.get("phase") == "Running"
@@ -548,8 +531,6 @@ def _broken_groups(
                 elif pod.phase == "Failed" and not pod.terminating:
                     found.append(Breakage(f"pod {name} failed", own=True))
             elif pod is None and running:
-                if _finished_and_gone(cyc, view, name, node):
-                    continue  # pod GC may remove finished pods before their peers end
                 last = _departed(cyc, view, name)
                 if last is not None and _disrupted(last):
                     found.append(Breakage(f"pod {name} was disrupted ({last.disruption})", own=False))
@@ -572,9 +553,9 @@ def _disrupted(pod: PodView) -> bool:
     of a drain, the taint manager, kube-scheduler preemption; the watch's last view of a deleted
     pod is its final state), or stopped by the kubelet's graceful node shutdown. Not a node-pressure
     eviction (`state._disruption`: the kubelet evicts first the pod most over its requests, usually
-    the one causing the pressure), a condition left on a pod nobody deleted (an aborted
-    preemption), or a pod that had already finished."""
-    if not pod.disruption or pod.phase == "Succeeded":
+    the one causing the pressure), or a condition left on a pod nobody deleted (an aborted
+    preemption)."""
+    if not pod.disruption:
         return False
     return pod.terminating or pod.disruption.startswith("TerminationByKubelet")
 
@@ -639,19 +620,20 @@ def _restart(
     conditions = set_condition(status.get("conditions", []), "Running", False, "Restarting", why, cyc.stamp)
     # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
     # health checker has tainted would otherwise take the group back and fail it again.
-    # Not when many failed: a crash's collective fallout fails every peer, and which node was bad
-    # cannot be told from the phases (avoiding them all would only miss it and push the gang away).
+    # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
+    # health checker has tainted would otherwise take the group back and fail it again. Only when
+    # one group failed on its own: a crash's collective fallout fails the peers of other groups
+    # too, and which node was bad cannot be told from the phases. And off the nodes of disrupted
+    # pods (a node shutting down, not yet NotReady, would refuse the new pod).
+    suspects = own if len(own) == 1 else set()
     failed_on = frozenset(
         pod.node
-        for g, b in broken.items()
-        if b.own
+        for g in broken
         for i in range(shape.pods_per_group)
         if (pod := pods.get(pod_name(view.name, g * shape.pods_per_group + i))) is not None
-        and pod.phase == "Failed"
         and pod.node
+        and ((g in suspects and pod.phase == "Failed") or _disrupted(pod))
     )
-    if len(failed_on) > shape.pods_per_group:
-        failed_on = frozenset()
     placement = {g["group"]: g for g in status.get("placement") or []}
     if scope == "Group":
         replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods, avoid=failed_on)
@@ -680,7 +662,7 @@ def _restart(
         "reason": f"waiting to re-place the whole gang: {why}",
         "pendingSince": cyc.stamp,
         "recoverOn": list(dict.fromkeys(placement[g]["supernode"] for g in sorted(broken) if g in placement)),
-        **({"refusedNodes": sorted(failed_on)} if failed_on else {}),
+        **({"refusedNodes": sorted(failed_on)[:REFUSED_NODES_MAX]} if failed_on else {}),
         "conditions": conditions,
     }
 

@@ -76,11 +76,10 @@ class WatchCache:
         """Controlling workload uid -> its pods, for pods that outlive their workload."""
         self.pod_uids: set[str] = set()
         self.departed: dict[tuple[str, str], PodView] = {}
-        """(namespace, name) -> the last view of a deleted TrainingJob pod that was disrupted or had
-        finished, until a pod of that name comes again or its job is gone (`forget_departed`): why a
-        pod of a running gang vanished (a drain marks it DisruptionTarget before the delete; a crash
-        leaves it Failed, and pod GC removes finished pods). Only those: kept for every deleted pod
-        it would grow with the cluster's churn."""
+        """(namespace, name) -> the last view (the DELETED event's final state) of a deleted
+        TrainingJob pod marked DisruptionTarget, until a pod of that name comes again or its job is
+        gone (`forget_departed`): why a pod of a running gang vanished (a drain marks it before the
+        delete; a crash leaves it Failed)."""
         self.other_held: dict[str, Counter[str]] = {}
         """Node -> accelerators held by bound, active pods tidal does not own."""
         self.tainted: set[str] = set()
@@ -248,9 +247,8 @@ class WatchCache:
             self._index_pod(old, -1)
         if view is None:
             self.pods.pop(key, None)
-            # Only what tells it from a crash: a disruption or a finish.
-            telling = old is not None and (old.disruption or old.phase == "Succeeded")
-            if telling and old.owner is not None and old.owner[0] == "TrainingJob":
+            # Only what tells it from a crash: kept for every deleted pod, it would grow with churn.
+            if old is not None and old.disruption and old.owner is not None and old.owner[0] == "TrainingJob":
                 self.departed[key] = old
         else:
             self.departed.pop(key, None)
