@@ -619,8 +619,6 @@ def _restart(
     log.info("restart", namespace=view.namespace, name=view.name, scope=scope, restarts=restarts, why=why)
     conditions = set_condition(status.get("conditions", []), "Running", False, "Restarting", why, cyc.stamp)
     # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
-    # health checker has tainted would otherwise take the group back and fail it again.
-    # Off the nodes its pods failed on, if it fits elsewhere: a bad GPU or link on a node no
     # health checker has tainted would otherwise take the group back and fail it again. Only when
     # one group failed on its own: a crash's collective fallout fails the peers of other groups
     # too, and which node was bad cannot be told from the phases. And off the nodes of disrupted
