@@ -40,20 +40,34 @@ def test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first():
     assert any(v == "event" and d[1] == "Restarting" and "NotReady" in d[2] for v, d in cluster.calls)
 
 
-def test_a_whole_gang_restart_takes_its_own_racks_spares_before_other_racks_free_nodes():
-    """Gang scope gives everything back: the recovery went to whichever rack packed best, as if
-    new, so an emptied rack of ordinary nodes won over its own rack with a spare (issue 10's
-    spare order: own rack's spares, then other racks' ordinary free nodes)."""
-    cluster = FakeCluster("nvl72", 3)
-    for name in ("nvl72-0000", "nvl72-0001", "nvl72-0002"):
-        sn = cluster.get("Supernode", None, name)
-        cluster.objects[("Supernode", None, name)] = dataclasses.replace(sn, spec={**sn.spec, "spares": {"count": 2}})
-    spec = {"tp": 4, "ep": 16, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE}
+def crash(cluster: FakeCluster, name: str) -> str:
+    """The pod `name` of namespace ml fails on its own; returns its node."""
+    pod = cluster.pods[("ml", name)]
+    pod["status"] = {**pod["status"], "phase": "Failed"}
+    return pod["spec"]["nodeName"]
+
+
+def gang_on_racks_with_spares(racks: int, dp: int) -> tuple[FakeCluster, Controller, dict]:
+    """A Gang-scope job of `dp` 64-GPU groups, running on NVL72 racks with 2 hot spares each."""
+    cluster = FakeCluster("nvl72", racks)
+    for i in range(racks):
+        key = ("Supernode", None, f"nvl72-{i:04d}")
+        sn = cluster.objects[key]
+        cluster.objects[key] = dataclasses.replace(sn, spec={**sn.spec, "spares": {"count": 2}})
+    spec = {"tp": 4, "ep": 16, "pp": 1, "dp": dp, "gpusPerPod": 4, "template": TEMPLATE}
     cluster.add("TrainingJob", "ml", "job", {**spec, "restartPolicy": {"scope": "Gang"}})
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
     run(cluster, controller)
     status = cluster.status("TrainingJob", "ml", "job")
     assert status["phase"] == "Running"
+    return cluster, controller, status
+
+
+def test_a_whole_gang_restart_takes_its_own_racks_spares_before_other_racks_free_nodes():
+    """Gang scope gives everything back: the recovery went to whichever rack packed best, as if
+    new, so an emptied rack of ordinary nodes won over its own rack with a spare (issue 10's
+    spare order: own rack's spares, then other racks' ordinary free nodes)."""
+    cluster, controller, status = gang_on_racks_with_spares(racks=3, dp=1)
     rack, lost = status["placement"][0]["supernode"], status["placement"][0]["nodes"][0]
     cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
     run(cluster, controller, cycles=4)
@@ -68,21 +82,10 @@ def test_a_whole_gang_restart_after_a_crash_spares_the_racks_that_lost_nothing_a
     """Review: preferring every rack the gang held took the hot spares of all of them (one crash at
     60 racks: ~120 spares gone) while the nodes it had just freed sat idle, and put the gang back
     on the node its pod crashed on."""
-    cluster = FakeCluster("nvl72", 2)
-    for name in ("nvl72-0000", "nvl72-0001"):
-        sn = cluster.get("Supernode", None, name)
-        cluster.objects[("Supernode", None, name)] = dataclasses.replace(sn, spec={**sn.spec, "spares": {"count": 2}})
-    spec = {"tp": 4, "ep": 16, "pp": 1, "dp": 2, "gpusPerPod": 4, "template": TEMPLATE}
-    cluster.add("TrainingJob", "ml", "job", {**spec, "restartPolicy": {"scope": "Gang"}})
-    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
-    run(cluster, controller)
-    status = cluster.status("TrainingJob", "ml", "job")
-    assert status["phase"] == "Running"
+    cluster, controller, status = gang_on_racks_with_spares(racks=2, dp=2)
     crashed_rack = status["placement"][0]["supernode"]
     other_rack = status["placement"][1]["supernode"]
-    pod = cluster.pods[("ml", "job-3")]
-    bad = pod["spec"]["nodeName"]
-    pod["status"] = {**pod["status"], "phase": "Failed"}
+    bad = crash(cluster, "job-3")
     run(cluster, controller, cycles=4)
     status = cluster.status("TrainingJob", "ml", "job")
     assert status["phase"] == "Running" and status["restarts"] == 1
@@ -497,9 +500,7 @@ def test_a_group_whose_pod_failed_is_placed_again_off_that_node_when_it_fits_els
     """A bad GPU or link on a node no health checker has tainted: the group went straight back
     onto it (the freed nodes are the tightest fit) and failed again, through maxRestarts (review)."""
     cluster, controller = four_groups()
-    pod = cluster.pods[("ml", "j-5")]
-    bad = pod["spec"]["nodeName"]
-    pod["status"] = {**pod["status"], "phase": "Failed"}
+    bad = crash(cluster, "j-5")
     run(cluster, controller, cycles=4)
     status = cluster.status("TrainingJob", "ml", "j")
     assert status["phase"] == "Running" and status["restarts"] == 1
