@@ -284,8 +284,7 @@ def _try_admit(
     problem = job_domain_problem(cyc, view, GangShape.of(view.spec, view.spec.get("dp", 1)))
     if problem:  # decided before any planning: nothing is placed, preempted or moved for it
         return _pending(cyc, view, status, DOMAIN_PODS_SHARE_NODE, f"{problem}, or spec.computeDomain: Disabled")
-    recovery = status["phase"] == "Restarting"
-    recover_on = tuple(status.get("recoverOn") or ()) if recovery else ()
+    recovery, recover_on = _recovery(status)
     elastic = view.spec.get("elastic")
     dps = [view.spec.get("dp", 1)]
     if elastic:
@@ -297,8 +296,9 @@ def _try_admit(
         problem = cyc.quotas.problem(view, GangShape.of(view.spec, dps[-1]).world_size) or ""
         return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
     dps = [dp for dp in dps if dp not in over_quota]
-    # Nodes where its pods were last refused (an admission timeout that queued the whole gang):
-    # tried without them first, then anywhere, so they never keep it from fitting.
+    # Nodes where its pods were last refused (an admission timeout that queued the whole gang) or
+    # failed (a whole-gang restart): tried without them first, then anywhere, so they never keep
+    # it from fitting.
     refused = tuple(status.get("refusedNodes") or ())
     passes = (refused, ()) if refused else ((),)
     # An elastic job starts smaller rather than wait, down to minDP. A recovery's refused nodes
@@ -326,6 +326,13 @@ def _try_admit(
         return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
     with cyc.tolerating(view.spec.get("template")):  # it may preempt on the tainted nodes it tolerates
         return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
+
+
+def _recovery(status: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """Whether the queued job is a recovery (which may use hot spares), and the supernodes it is
+    placed on first (its broken groups', `status.recoverOn`)."""
+    recovery = status["phase"] == "Restarting"
+    return recovery, tuple(status.get("recoverOn") or ()) if recovery else ()
 
 
 def _too_large(
@@ -394,8 +401,7 @@ def _preempt_or_wait(
     defrag_budget: Budget | None = None,
 ) -> dict[str, Any]:
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
-    recovery = status["phase"] == "Restarting"
-    recover_on = tuple(status.get("recoverOn") or ()) if recovery else ()
+    recovery, recover_on = _recovery(status)
     request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
     gangs, scratch = _preemption_inputs(cyc, statuses)
     own_victims = bool(_leaving_for(view, statuses))

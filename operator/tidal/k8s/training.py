@@ -632,7 +632,6 @@ def _restart(
         and pod.node
         and ((g in suspects and pod.phase == "Failed") or _disrupted(pod))
     )
-    placement = {g["group"]: g for g in status.get("placement") or []}
     if scope == "Group":
         replaced = _replace_groups(cyc, view, status, shape, sorted(broken), pods, avoid=failed_on)
         if replaced is None and failed_on:
@@ -651,6 +650,7 @@ def _restart(
     # broken groups' supernodes first, so their spares go before other racks' free nodes, as a
     # group's do (not every rack it held: that would take the spares of racks that lost nothing),
     # and off the nodes its pods failed on if it fits elsewhere.
+    placement = {g["group"]: g for g in status.get("placement") or []}
     _release(cyc, view, status, pods, grace=0)
     cyc.event(view, "Restarting", f"restarting the whole gang (restart {restarts}): {why}", warning=True)
     return {

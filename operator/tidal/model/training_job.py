@@ -247,8 +247,9 @@ class TrainingJobStatus(ApiModel):
     restarts: int = Field(
         default=0,
         ge=0,
-        description="Restarts after failures of the job's own pods so far (a lost or NotReady node is not counted, "
-        "nor are further groups failing before the job runs again, unless a group fails twice).",
+        description="Restarts after failures of the job's own pods so far (not counted: a lost or NotReady node, "
+        "a pod marked DisruptionTarget by a drain, the taint manager, preemption or node shutdown, and further "
+        "groups failing before the job runs again, unless a group fails twice).",
     )
     restarting_groups: list[int] | None = Field(
         default=None,
