@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from tidal.k8s import compact
+
 from .kube import Kube, eventually
 from .operator_process import OperatorProcess
 from .test_operator import (
@@ -119,6 +121,10 @@ def test_whole_rack_gang_runs_after_checkpoint_first_moves(
     assert len(pods_of(kube, namespace, mover)) == 4, "no pod of the mover deleted before its checkpoint"
     events = kube.get("events", "-n", namespace, "--field-selector", f"involvedObject.name={mover}")["items"]
     assert any(e["reason"] == "DefragmentationMove" and "whole-rack" in e["message"] for e in events)
+    # Its way back, as the API server stored it (the CRD schema keeps the field): kept for it.
+    room = compact.decode(status(kube, namespace, mover)["eviction"]["returnTo"])
+    room_nodes = sorted(n for g in room for n in g["nodes"])
+    assert {where[n] for n in room_nodes}.isdisjoint(before[mover]), room
 
     # The test plays the trainer: confirm the checkpoint.
     kube.run("annotate", "-n", namespace, "trainingjob", mover, f"tidal.dev/checkpoint-done={requested}")
@@ -128,6 +134,8 @@ def test_whole_rack_gang_runs_after_checkpoint_first_moves(
     assert rack == before[mover], "the gang took the rack the move freed"
     moved = wait_phase(kube, namespace, mover, "Running", timeout=120)
     assert racks_of(kube, namespace, mover, where).isdisjoint(rack), "moved elsewhere"
+    assert compact.decode(moved["assignment"]) == room, "placed again exactly on its room"
+    assert sorted(p["spec"]["nodeName"] for p in pods_of(kube, namespace, mover)) == room_nodes
     preempted = {c["type"]: c for c in moved["conditions"]}["Preempted"]
     assert preempted["reason"] == "Defragmented" and "after checkpoint-done" in preempted["message"]
     assert moved["evictionHistory"][-1]["reason"] == "Defragmented"

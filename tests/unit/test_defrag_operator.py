@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from prometheus_client import generate_latest
 
 from tidal.clock import FixedClock
+from tidal.k8s import compact
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.k8s.taints import Taint
@@ -87,8 +88,10 @@ def test_blocked_gang_moves_one_small_job_checkpoint_first_then_runs():
     )
     scraped = generate_latest(metrics.registry).decode()
     assert 'tidal_pending_jobs{reason="WaitingForDefragmentation"} 1.0' in scraped
-    # The three racks not reserved for the gang: 56 free each, useless to a 72-GPU group.
-    assert "tidal_stranded_gpus 168.0" in scraped
+    # The three racks not reserved for the gang: 56 free each, useless to a 72-GPU group, less the
+    # 16 GPUs of the mover's way back, which are kept for it (not free).
+    assert "tidal_stranded_gpus 152.0" in scraped
+    room = compact.decode(eviction["returnTo"])
 
     old_rack = _racks_of(cluster, mover)
     cluster.annotate("TrainingJob", "ml", mover, {"tidal.dev/checkpoint-done": eviction["requestedAt"]})
@@ -97,6 +100,7 @@ def test_blocked_gang_moves_one_small_job_checkpoint_first_then_runs():
     assert big["phase"] == "Running" and {g["supernode"] for g in big["placement"]} == old_rack
     moved = cluster.status("TrainingJob", "ml", mover)
     assert moved["phase"] == "Running" and _racks_of(cluster, mover).isdisjoint(old_rack)
+    assert moved["placement"] == room, "placed again exactly where the move was verified"
     preempted = next(c for c in moved["conditions"] if c["type"] == "Preempted")
     assert preempted["reason"] == "Defragmented" and "ml/whole-rack" in preempted["message"]
     assert moved["evictionHistory"][-1]["reason"] == "Defragmented"
@@ -220,4 +224,107 @@ def test_a_mover_is_verified_on_tainted_nodes_only_it_tolerates():
     run(cluster, controller, cycles=2)
     moving = [f"small-{i}" for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
     assert moving == ["small-0"], moving
+    check_sound(cluster)
+
+
+def _move_for_whole_rack(cluster: FakeCluster, controller: Controller) -> tuple[str, list[dict], set[str]]:
+    """The gang that needs a whole rack is added and one small job is moved for it: (the mover, its
+    way back as recorded in status.eviction.returnTo, the rack it leaves)."""
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
+    run(cluster, controller, cycles=2)
+    movers = [f"small-{i}" for i in range(RACKS) if cluster.status("TrainingJob", "ml", f"small-{i}").get("eviction")]
+    assert len(movers) == 1
+    room = compact.decode(cluster.status("TrainingJob", "ml", movers[0])["eviction"]["returnTo"])
+    assert {g["supernode"] for g in room}.isdisjoint(_racks_of(cluster, movers[0]))
+    return movers[0], room, _racks_of(cluster, movers[0])
+
+
+def _checkpoint_done(cluster: FakeCluster, job: str) -> None:
+    eviction = cluster.status("TrainingJob", "ml", job)["eviction"]
+    cluster.annotate("TrainingJob", "ml", job, {"tidal.dev/checkpoint-done": eviction["requestedAt"]})
+
+
+def _returns_to_its_room_despite_a_late_job(restart: bool) -> None:
+    """While the mover checkpoints, a job arrives that fits only by taking the mover's way back: 3
+    groups of 56 GPUs, with 56 free on two racks and 40 (56 less the room's 16) on the third. It
+    waits; the mover goes back exactly where it was verified to fit, and the gang runs. Without the
+    room kept, the late job took the three racks and the mover had nowhere to go back to."""
+    cluster, controller, clock = scattered()
+    mover, room, old_rack = _move_for_whole_rack(cluster, controller)
+    if restart:  # the room lives in the mover's status, not in the operator's memory
+        controller = Controller(cluster, clock, ControllerSettings())
+    cluster.add("TrainingJob", "ml", "late", spec(4, 14, dp=3, priority=0))
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "late")["phase"] == "Pending"
+    _checkpoint_done(cluster, mover)
+    run(cluster, controller, cycles=4)
+    moved = cluster.status("TrainingJob", "ml", mover)
+    assert moved["phase"] == "Running" and moved["placement"] == room
+    big = cluster.status("TrainingJob", "ml", "whole-rack")
+    assert big["phase"] == "Running" and {g["supernode"] for g in big["placement"]} == old_rack
+    assert any(r == "DefragmentationReturn" and n == mover for v, (n, r, _) in _events(cluster))
+    check_sound(cluster)
+
+
+def _events(cluster: FakeCluster) -> list[tuple[str, tuple[str, str, str]]]:
+    return [(v, d) for v, d in cluster.calls if v == "event"]
+
+
+def test_a_mover_goes_back_to_its_room_though_a_later_job_would_take_it():
+    _returns_to_its_room_despite_a_late_job(restart=False)
+
+
+def test_a_restarted_operator_keeps_a_movers_room():
+    _returns_to_its_room_despite_a_late_job(restart=True)
+
+
+def test_a_called_off_move_frees_its_room_in_the_same_cycle():
+    """The gang is deleted while the mover checkpoints: the move is called off, and in that very
+    cycle its room is free again: a job needing 56 GPUs on every rack is placed at once."""
+    cluster, controller, _ = scattered()
+    mover, _, _ = _move_for_whole_rack(cluster, controller)
+    del cluster.objects[("TrainingJob", "ml", "whole-rack")]
+    cluster.add("TrainingJob", "ml", "wide", spec(4, 14, dp=RACKS, priority=0))
+    run(cluster, controller, cycles=1)
+    assert not cluster.status("TrainingJob", "ml", mover).get("eviction"), "called off"
+    assert cluster.status("TrainingJob", "ml", "wide")["phase"] in ("Admitted", "Running")
+
+
+def test_given_back_replicas_grow_back_onto_their_room():
+    """The only movable job is elastic, one DP replica on each of two racks: giving back its top
+    replica clears a rack for the gang, and the replica is verified to fit again beside the other.
+    A job arriving meanwhile (3 groups of 56 GPUs) fits only by taking that room: it waits, and
+    the replica grows back exactly there in the cycle the shrink ends."""
+    cluster = FakeCluster("nvl72", RACKS)
+    cluster.add_priority_class("prio-0", 0)
+    cluster.add_priority_class("prio-1", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC))
+    controller = Controller(cluster, clock, ControllerSettings())
+    cluster.add("TrainingJob", "ml", "filler", spec(4, 14, dp=RACKS))  # 56 GPUs on every rack
+    run(cluster, controller)
+    elastic = {"minDP": 1, "maxDP": 2}
+    cluster.add("TrainingJob", "ml", "elastic", spec(4, 4, dp=2, priority=1, preemptible=True, elastic=elastic))
+    run(cluster, controller)
+    for i in (2, 3):  # not preemptible: never moved
+        cluster.add("TrainingJob", "ml", f"small-{i}", spec(4, 4, priority=1))
+    run(cluster, controller)
+    del cluster.objects[("TrainingJob", "ml", "filler")]
+    for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get("tidal.dev/job") == "filler"]:
+        del cluster.pods[key]
+    run(cluster, controller)
+    assert len(_racks_of(cluster, "elastic")) == 2
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
+    run(cluster, controller, cycles=2)
+    eviction = cluster.status("TrainingJob", "ml", "elastic")["eviction"]
+    assert eviction["reason"] == "Defragmented" and eviction["replicas"] == [1]
+    room = compact.decode(eviction["returnTo"])
+    cluster.add("TrainingJob", "ml", "late", spec(4, 14, dp=3, priority=0))
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "late")["phase"] == "Pending"
+    _checkpoint_done(cluster, "elastic")
+    run(cluster, controller, cycles=4)
+    grown = cluster.status("TrainingJob", "ml", "elastic")
+    assert grown["currentDP"] == 2 and [g for g in grown["placement"] if g["group"] == 1] == room
+    assert cluster.status("TrainingJob", "ml", "whole-rack")["phase"] == "Running"
+    assert any(r == "Expanded" and "room kept" in m for _, (n, r, m) in _events(cluster) if n == "elastic")
     check_sound(cluster)

@@ -29,11 +29,15 @@ REPO = Path(__file__).resolve().parents[2]
 GANG = "placement/gang.py"
 PREEMPTION = "placement/preemption.py"
 DEFRAG = "placement/defrag.py"
+ROOMS = "k8s/return_rooms.py"
+REGROW = "k8s/rebalancing.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
 PLACEMENT = "tests/unit/test_placement.py::"
 PREEMPT = "tests/unit/test_preemption.py::"
 OPTIMAL = "tests/unit/test_preemption_optimality.py::"
 DEFRAGS = "tests/unit/test_defrag.py::"
+MOVES = "tests/unit/test_defrag_operator.py::"
+ROOM_TESTS = "tests/unit/test_return_rooms.py::"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (
@@ -45,6 +49,9 @@ SAFETY = {
         DEFRAGS + "test_defrag_on_fragmented_racks_keeps_every_invariant",
         DEFRAGS + "test_the_greedy_alone_on_fragmented_racks_keeps_every_invariant",
     ),
+    # A room is taken only where it still is a valid placement (never over-booked).
+    ROOMS: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
+    REGROW: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
 }
 """The module's property tests of the safety invariants: a mutant must still pass them, so that it
 makes plans that are valid but worse (the rule removed), not plans that are broken."""
@@ -391,6 +398,42 @@ MUTANTS = [
         "total += stranded_gpus(free, sizes)",
         "total += free",
         DEFRAGS + "test_stranded_gpus_count_what_no_pending_size_can_use",
+    ),
+    # defragmentation in the operator: a mover's way back (k8s/return_rooms.py)
+    Mutant(
+        "a mover's room is booked while it leaves",
+        ROOMS,
+        "        if more > 0:",
+        "        if more > 0 and False:",
+        MOVES + "test_a_mover_goes_back_to_its_room_though_a_later_job_would_take_it",
+    ),
+    Mutant(
+        "a mover takes its room as it was verified",
+        ROOMS,
+        "return plan_on(cyc.snapshot, request, room.groups) if request is not None else None",
+        "return None",
+        MOVES + "test_a_restarted_operator_keeps_a_movers_room",
+    ),
+    Mutant(
+        "a room is topped up as the work on it leaves",
+        ROOMS,
+        "    if room is None:\n        room = _room_of(view, status)",
+        "    if room is not None:\n        return\n    if room is None:\n        room = _room_of(view, status)",
+        ROOM_TESTS + "test_a_room_is_booked_as_the_work_on_it_leaves",
+    ),
+    Mutant(
+        "a called-off move frees its room at once",
+        ROOMS,
+        "            _free(cyc, cyc.return_rooms.pop(uid))",
+        "            pass",
+        MOVES + "test_a_called_off_move_frees_its_room_in_the_same_cycle",
+    ),
+    Mutant(
+        "given-back replicas grow back onto their room",
+        REGROW,
+        "take_return_room(cyc, view.uid, request if dp == room_dp else None)",
+        "take_return_room(cyc, view.uid, None)",
+        MOVES + "test_given_back_replicas_grow_back_onto_their_room",
     ),
 ]
 

@@ -22,6 +22,7 @@ from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
+from tidal.k8s.return_rooms import keep_return_room, return_to, room_groups, take_return_room
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
@@ -296,6 +297,9 @@ def _try_admit(
         problem = cyc.quotas.problem(view, GangShape.of(view.spec, dps[-1]).world_size) or ""
         return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
     dps = [dp for dp in dps if dp not in over_quota]
+    returned = _take_return_room(cyc, view, status, dps)
+    if returned is not None:
+        return returned
     # Nodes where its pods were last refused (an admission timeout that queued the whole gang) or
     # failed (a whole-gang restart): tried without them first, then anywhere, so they never keep
     # it from fitting.
@@ -326,6 +330,31 @@ def _try_admit(
         return _pending(cyc, view, status, misses[0].reason.value, misses[0].message)
     with cyc.tolerating(view.spec.get("template")):  # it may preempt on the tainted nodes it tolerates
         return _preempt_or_wait(cyc, view, status, statuses, misses[0], defrag_budget)
+
+
+def _take_return_room(cyc: Cycle, view: ResourceView, status: dict[str, Any], dps: list[int]) -> dict[str, Any] | None:
+    """A job moved whole by defragmentation, in the cycle its eviction ended, is placed on the room
+    it was verified to fit into (k8s/return_rooms.py), if that still is a valid placement at a
+    size it may take; else (None) it is planned like any queued job, the room given up."""
+    ids = room_groups(cyc, view.uid)
+    if not ids:
+        return None
+    shape = next((s for s in (GangShape.of(view.spec, dp) for dp in dps) if s.groups == len(ids)), None)
+    request = job_request(cyc, view, shape) if shape is not None else None
+    with cyc.tolerating(view.spec.get("template")):  # booked where its pods may go, as any admission
+        plan = take_return_room(cyc, view.uid, request)
+        if plan is None or shape is None:
+            return None
+        too_large = _too_large(cyc, view, status, shape, plan)
+        if too_large is not None:
+            return too_large
+        cyc.count("defrag_returns")
+        cyc.event(view, "DefragmentationReturn", f"placed again on the room kept for it: {_where(plan)}")
+        return _admitted(cyc, view, status, shape, plan)
+
+
+def _where(plan: PlacementPlan) -> str:
+    return ", ".join(sorted(plan.supernodes))
 
 
 def _recovery(status: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
@@ -519,7 +548,7 @@ def _defragment(
             mover,
             "DefragmentationMove",
             f"moving {what} ({move.eviction.gpus} GPUs) so that {view.ref} ({groups}) fits: checkpoint first, "
-            f"then back to the queue; it fits again on {', '.join(sorted(move.replacement.supernodes))}",
+            f"then placed again on the room kept for it on {_where(move.replacement)}",
         )
         new_mover = start_eviction(
             cyc,
@@ -529,11 +558,13 @@ def _defragment(
             by=job_evictor(view, f"defragmentation: {groups} blocked by scattered free GPUs"),
             replicas=replicas,
         )
+        new_mover = {**new_mover, "eviction": {**new_mover["eviction"], "returnTo": return_to(move.replacement)}}
+        keep_return_room(cyc, mover.uid, mover, new_mover)  # from now on: later jobs of this cycle too
         statuses[mover.uid] = (mover, new_mover)
         cyc.write_status(mover, new_mover)
         cyc.count("defrag_moves")
     names = ", ".join(by_uid[m.eviction.gang][0].ref for m in plan.moves)
-    where = ", ".join(sorted(plan.placement.supernodes))
+    where = _where(plan.placement)
     cyc.event(
         view,
         "Defragmenting",

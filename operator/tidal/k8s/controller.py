@@ -27,6 +27,7 @@ from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
+from tidal.k8s.return_rooms import book_return_rooms
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
@@ -330,6 +331,7 @@ class Controller:
         waiting.update(uid for uid, (view, _) in pools.items() if not view.deleting)
         for uid in [u for u in cyc.held_before if u not in waiting]:
             cyc.release_hold(uid)
+        book_return_rooms(cyc, statuses)  # before any recovery, pool or admission could take them
         log.debug(
             "cycle",
             nodes=len(cache.nodes),
@@ -365,6 +367,7 @@ class Controller:
             statuses[uid] = (view, new)
             cyc.write_status(view, new)
 
+        book_return_rooms(cyc, statuses)  # what leaving work freed in the reconciles; called-off rooms freed
         cyc.quotas = self._quotas(statuses, pools)
         cyc.quotas.carry(cyc.held_before, cyc.priorities.of)
         self.loads.forget(set(pools))

@@ -125,6 +125,9 @@ class Cycle:
     (`release_hold`); its quota share is carried into `quotas` (Quotas.carry)."""
     holds: dict[str, Hold] = field(default_factory=dict)
     """This cycle's reservations, for the next cycle's `held_before`."""
+    return_rooms: dict[str, Any] = field(default_factory=dict)
+    """Job uid -> the room a defragmentation mover was verified to fit into again, booked in this
+    cycle's snapshot (k8s/return_rooms.py: ReturnRoom)."""
     holds_mark: int = 0
     """Last cycle's holds as one number: a queued job is tried again when they change (one that
     gave up for a hold's nodes or quota share may fit once it is gone)."""

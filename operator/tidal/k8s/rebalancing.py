@@ -18,6 +18,7 @@ from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import LoadPoller, add_replicas, pool_conditions, pool_load, reconcile_pool, spec_problem
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
+from tidal.k8s.return_rooms import room_groups, take_return_room
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
 from tidal.k8s.training import (
@@ -286,7 +287,13 @@ def expand_elastic(
             continue
         if job_domain_problem(cyc, view, GangShape.of(view.spec, target)):
             continue  # new pods could share a tray under a ComputeDomain (admitted before one was wanted)
-        for dp in range(target, shape.dp, -1):
+        # Replicas given back for a defragmentation move grow back first onto the room they were
+        # verified to fit into (k8s/return_rooms.py), in the cycle the move ended.
+        room = room_groups(cyc, view.uid)
+        room_dp = (shape.groups + len(room)) // shape.groups_per_replica
+        if room != tuple(range(shape.groups, shape.groups + len(room))) or not shape.dp < room_dp <= target:
+            room_dp = None
+        for dp in sorted(range(target, shape.dp, -1), key=lambda d: d != room_dp):
             bigger = GangShape.of(view.spec, dp)
             if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
                 continue  # grown only within the namespace's GPU quota
@@ -295,7 +302,10 @@ def expand_elastic(
                 cyc, view, shape, group_ids=groups, resident_on={g["supernode"] for g in status["placement"]}
             )
             with cyc.tolerating(view.spec.get("template")):
-                plan = plan_gang(cyc.snapshot, request, cyc.demand)
+                plan = take_return_room(cyc, view.uid, request if dp == room_dp else None) if room else None
+                returned, room = isinstance(plan, PlacementPlan), ()
+                if not returned:
+                    plan = plan_gang(cyc.snapshot, request, cyc.demand)
                 if isinstance(plan, PlacementPlan):
                     apply_plan(cyc.snapshot, plan)
                     cyc.snapshot.add_residents(plan.supernodes - request.resident_on)
@@ -312,7 +322,10 @@ def expand_elastic(
                 "reason": f"expanding dp {shape.dp} -> {dp}",
                 "placedAt": cyc.stamp,
             }
-            cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on free GPUs")
+            if returned:
+                cyc.count("defrag_returns")
+            where = "the room kept for them since their defragmentation move" if returned else "free GPUs"
+            cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on {where}")
             cyc.count("moves:to-training:expand", dp - shape.dp)
             jobs[view.uid] = (view, new)
             cyc.write_status(view, new)

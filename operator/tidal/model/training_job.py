@@ -217,6 +217,12 @@ class EvictionStatus(ApiModel):
     replicas: list[int] = Field(
         default_factory=list, description="DP replicas to give back; empty means the whole job."
     )
+    return_to: PlacementAssignment | None = Field(
+        default=None,
+        description="A defragmentation move's way back: where the moved work (the whole job, or the given-back "
+        "replicas' groups) was verified to fit again. Kept from every other workload while the eviction lasts, and "
+        "taken as it is when the job is placed again in the cycle that ends the eviction (else it is planned afresh).",
+    )
 
 
 class EvictionRecord(ApiModel):

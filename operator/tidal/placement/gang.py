@@ -22,6 +22,7 @@ supernodes that can hold a group, not all 25,000 nodes.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from tidal.placement.leftover import GroupDemand, leftover_value
 from tidal.placement.types import (
@@ -91,6 +92,31 @@ def plan_gang(
                 chosen[name] = chosen.get(name, 0) + take
                 remaining -= take
     return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen, set(first))))
+
+
+def plan_on(snapshot: ClusterSnapshot, request: GangRequest, groups: Sequence[GroupAssignment]) -> PlacementPlan | None:
+    """The plan that puts the request's groups exactly where `groups` says, if that is a valid
+    placement now, else None (never mutates): every group of the request once, each whole on one
+    supernode of its accelerator, one pod per listed node, no node a spare (unless a recovery),
+    none over its free GPUs. How a room verified earlier (a defragmentation mover's way back) is
+    taken as it was verified, rather than planned afresh into other holes."""
+    wanted = [request.group_id(i) for i in range(request.groups)]
+    by_group = {g.group: g for g in groups}
+    if len(by_group) != len(groups) or sorted(by_group) != sorted(wanted):
+        return None
+    per_node: dict[str, int] = defaultdict(int)
+    for g in groups:
+        sn = snapshot.supernodes.get(g.supernode)
+        if sn is None or sn.accelerator != request.accelerator or len(g.nodes) != request.pods_per_group:
+            return None
+        for name in g.nodes:
+            node = snapshot.nodes.get(name)
+            if node is None or node.supernode != g.supernode or (node.spare and not request.recovery):
+                return None
+            per_node[name] += request.gpus_per_pod
+    if any(snapshot.nodes[name].free < gpus for name, gpus in per_node.items()):
+        return None
+    return PlacementPlan(request, tuple(by_group[gid] for gid in wanted))
 
 
 def _spare_capacity(

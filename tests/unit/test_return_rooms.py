@@ -1,0 +1,110 @@
+"""A defragmentation mover's way back: `plan_on` (a verified room taken as it is, if still valid)
+and the booking of rooms in a cycle's snapshot (k8s/return_rooms.py). The operator-level
+behaviour (a late job does not take the room, a restart keeps it, a called-off move frees it) is
+in test_defrag_operator.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tidal.k8s.return_rooms import book_return_rooms, return_to, take_return_room
+from tidal.k8s.state import ResourceView
+from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
+from tidal.placement.gang import plan_on
+from tidal.topology import ClusterSnapshot
+from tidal.topology.snapshot import NodeState, SupernodeState
+
+STAMP = "2026-05-01T12:00:00Z"
+
+
+def two_racks() -> ClusterSnapshot:
+    """Racks a and b, two 4-GPU nodes each; b1 is b's hot spare."""
+    return ClusterSnapshot(
+        [SupernodeState("a", nodes=["a0", "a1"]), SupernodeState("b", nodes=["b0", "b1"])],
+        [
+            NodeState("a0", "a", 4),
+            NodeState("a1", "a", 4),
+            NodeState("b0", "b", 4),
+            NodeState("b1", "b", 4, spare=True),
+        ],
+    )
+
+
+REQUEST = GangRequest("j", 2, 4, 4)  # two groups of one 4-GPU pod
+ROOM = (GroupAssignment(0, "a", ("a0",)), GroupAssignment(1, "a", ("a1",)))
+
+
+def test_plan_on_takes_a_valid_room_as_it_is():
+    plan = plan_on(two_racks(), REQUEST, ROOM)
+    assert isinstance(plan, PlacementPlan) and plan.groups == ROOM
+
+
+def test_plan_on_refuses_a_room_that_is_no_longer_valid():
+    snap = two_racks()
+    snap.allocate("a1", 1)
+    assert plan_on(snap, REQUEST, ROOM) is None, "a node without the GPUs free"
+    snap = two_racks()
+    snap.update_node("a0", ready=False)
+    assert plan_on(snap, REQUEST, ROOM) is None, "a failed node"
+    wrong_rack = (GroupAssignment(0, "b", ("a0",)), ROOM[1])
+    assert plan_on(two_racks(), REQUEST, wrong_rack) is None, "a node of another supernode"
+    assert plan_on(two_racks(), REQUEST, ROOM[:1]) is None, "a group missing"
+    assert plan_on(two_racks(), REQUEST, (ROOM[0], ROOM[0])) is None, "a group twice"
+    spare = (ROOM[0], GroupAssignment(1, "b", ("b1",)))
+    assert plan_on(two_racks(), REQUEST, spare) is None, "a hot spare, outside a recovery"
+    other_accelerator = GangRequest("j", 2, 4, 4, accelerator="amd.com/gpu")
+    assert plan_on(two_racks(), other_accelerator, ROOM) is None
+    shared = (GroupAssignment(0, "a", ("a0",)), GroupAssignment(1, "a", ("a0",)))
+    assert plan_on(two_racks(), REQUEST, shared) is None, "two pods on one 4-GPU node"
+
+
+def _mover(eviction: dict | None, history: list | None = None) -> tuple[ResourceView, dict]:
+    view = ResourceView("TrainingJob", "ml", "m", "uid-m", 1, STAMP, {"gpusPerPod": 4}, {}, {}, "1", deleting=False)
+    status = {"eviction": eviction} if eviction else {}
+    if history:
+        status["evictionHistory"] = history
+    return view, status
+
+
+def _cycle(snapshot: ClusterSnapshot) -> SimpleNamespace:
+    return SimpleNamespace(snapshot=snapshot, return_rooms={}, stamp=STAMP)
+
+
+def test_a_room_is_booked_as_the_work_on_it_leaves():
+    """Half the room is held by work still leaving: booked is what is free, and the rest once it
+    has left (the second call of a cycle, after the reconciles released it); never over-booked."""
+    snap = two_racks()
+    snap.allocate("a1", 4)  # another job's pod, leaving
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    statuses = {"uid-m": _mover({"reason": "Defragmented", "returnTo": room})}
+    book_return_rooms(cyc, statuses)
+    assert (snap.nodes["a0"].allocated, snap.nodes["a1"].allocated) == (4, 4)
+    snap.release("a1", 4)  # the leaving pod is gone
+    book_return_rooms(cyc, statuses)
+    assert snap.nodes["a1"].allocated == 4, "the freed GPUs are kept for the mover"
+    book_return_rooms(cyc, statuses)
+    assert snap.nodes["a1"].allocated == 4 and snap.nodes["a0"].allocated == 4, "booked once"
+    plan = take_return_room(cyc, "uid-m", REQUEST)
+    assert plan is not None and plan.groups == ROOM
+    assert snap.free_gpus() == 12, "the caller books the plan it makes"
+
+
+def test_a_room_is_kept_in_the_cycle_its_move_ends_and_freed_when_called_off():
+    snap = two_racks()
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    book_return_rooms(cyc, {"uid-m": _mover({"reason": "Defragmented", "returnTo": room})})
+    ended = _mover(None, history=[{"at": STAMP, "reason": "Defragmented", "gpus": 8}])
+    book_return_rooms(cyc, {"uid-m": ended})
+    assert snap.free_gpus() == 4, "ended this cycle: kept for the mover to take"
+    book_return_rooms(cyc, {"uid-m": _mover(None)})  # called off: no eviction, nothing ended
+    assert snap.free_gpus() == 12 and not cyc.return_rooms
+
+
+def test_only_a_defragmentation_eviction_has_a_room():
+    snap = two_racks()
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    book_return_rooms(cyc, {"uid-m": _mover({"reason": "Preempted", "returnTo": room})})
+    assert snap.free_gpus() == 12 and not cyc.return_rooms
