@@ -328,3 +328,24 @@ def test_given_back_replicas_grow_back_onto_their_room():
     assert cluster.status("TrainingJob", "ml", "whole-rack")["phase"] == "Running"
     assert any(r == "Expanded" and "room kept" in m for _, (n, r, m) in _events(cluster) if n == "elastic")
     check_sound(cluster)
+
+
+def test_a_room_on_tainted_nodes_the_mover_tolerates_is_kept_from_others_who_do():
+    """Every rack is tainted; only small-3 and the gang tolerate it, so small-3 moves and its room
+    lies on tainted nodes. A late job that tolerates the taint too, and fits only by taking the
+    room, waits (a review found it admitted there: the room was booked only where the nodes were
+    free under the operator's untolerating view, which is nowhere)."""
+    cluster, controller, _ = scattered(templates=[TEMPLATE] * (RACKS - 1) + [TOLERANT])
+    dedicate_every_rack(cluster)
+    run(cluster, controller)
+    cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1, template=TOLERANT))
+    run(cluster, controller, cycles=2)
+    mover = f"small-{RACKS - 1}"
+    room = compact.decode(cluster.status("TrainingJob", "ml", mover)["eviction"]["returnTo"])
+    cluster.add("TrainingJob", "ml", "late", spec(4, 14, dp=3, priority=0, template=TOLERANT))
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "late")["phase"] == "Pending"
+    _checkpoint_done(cluster, mover)
+    run(cluster, controller, cycles=4)
+    assert cluster.status("TrainingJob", "ml", mover)["placement"] == room
+    check_sound(cluster)

@@ -429,6 +429,27 @@ MUTANTS = [
         MOVES + "test_a_called_off_move_frees_its_room_in_the_same_cycle",
     ),
     Mutant(
+        "a room is booked whatever the node's taints",
+        ROOMS,
+        "min(gpus - booked[name], node.gpus - node.allocated)",
+        "min(gpus - booked[name], node.free)",
+        MOVES + "test_a_room_on_tainted_nodes_the_mover_tolerates_is_kept_from_others_who_do",
+    ),
+    Mutant(
+        "plans that count leaving work as gone see the whole room",
+        ROOMS,
+        "        _book(scratch, room.wanted, Counter(room.booked))",
+        "        pass",
+        ROOM_TESTS + "test_the_rest_of_a_room_is_booked_in_the_copy_that_counts_leaving_work_free",
+    ),
+    Mutant(
+        "a room not taken when its move ends is freed",
+        ROOMS,
+        "        if not room.taking:\n            continue",
+        "        if True:\n            continue",
+        ROOM_TESTS + "test_a_room_not_taken_in_the_cycle_its_move_ended_is_freed_at_the_end",
+    ),
+    Mutant(
         "given-back replicas grow back onto their room",
         REGROW,
         "take_return_room(cyc, view.uid, request if dp == room_dp else None)",

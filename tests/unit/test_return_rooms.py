@@ -5,9 +5,16 @@ in test_defrag_operator.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
-from tidal.k8s.return_rooms import book_return_rooms, return_to, take_return_room
+from tidal.k8s.return_rooms import (
+    book_rest_of_rooms,
+    book_return_rooms,
+    free_untaken_rooms,
+    return_to,
+    take_return_room,
+)
 from tidal.k8s.state import ResourceView
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
 from tidal.placement.gang import plan_on
@@ -107,4 +114,65 @@ def test_only_a_defragmentation_eviction_has_a_room():
     cyc = _cycle(snap)
     room = return_to(PlacementPlan(REQUEST, ROOM))
     book_return_rooms(cyc, {"uid-m": _mover({"reason": "Preempted", "returnTo": room})})
+    assert snap.free_gpus() == 12 and not cyc.return_rooms
+
+
+def test_an_unreadable_room_is_none_and_never_fails_a_cycle():
+    snap = two_racks()
+    cyc = _cycle(snap)
+    for bad in ({"nodes": "a0", "groups": "3-1@a=0"}, {"nodes": "a0", "groups": "x"}, "text", {"groups": 5}):
+        book_return_rooms(cyc, {"uid-m": _mover({"reason": "Defragmented", "returnTo": bad})})
+        assert not cyc.return_rooms and snap.free_gpus() == 12, bad
+
+
+def test_a_room_is_booked_on_a_tainted_or_held_node_and_checked_when_taken():
+    """Booked where GPUs are unallocated, whatever the node's flags: a taint the mover tolerates
+    (or a hold's cordon in the cycle) must not leave its room open to whoever tolerates it."""
+    snap = two_racks()
+    snap.update_node("a1", tainted=True)
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    book_return_rooms(cyc, {"uid-m": _mover({"reason": "Defragmented", "returnTo": room})})
+    assert snap.nodes["a1"].allocated == 4
+    assert take_return_room(cyc, "uid-m", REQUEST) is None, "untolerated now: planned afresh"
+    assert snap.nodes["a1"].allocated == 0
+
+
+def test_a_suspended_movers_room_is_freed():
+    snap = two_racks()
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    view, status = _mover({"reason": "Defragmented", "returnTo": room})
+    book_return_rooms(cyc, {"uid-m": (view, status)})
+    assert snap.free_gpus() == 4
+    suspended = dataclasses.replace(view, spec={**view.spec, "suspend": True})
+    book_return_rooms(cyc, {"uid-m": (suspended, status)})
+    assert snap.free_gpus() == 12 and not cyc.return_rooms
+
+
+def test_the_rest_of_a_room_is_booked_in_the_copy_that_counts_leaving_work_free():
+    """Preemption and pool plans count leaving work's GPUs as free (a copy with them released):
+    the part of a room under such work must be booked there too, or they plan onto it."""
+    snap = two_racks()
+    snap.allocate("a1", 4)  # leaving work under half the room
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    book_return_rooms(cyc, {"uid-m": _mover({"reason": "Defragmented", "returnTo": room})})
+    scratch = snap.copy()
+    scratch.release("a1", 4)  # as without_evictions_in_flight does
+    book_rest_of_rooms(cyc, scratch)
+    assert scratch.nodes["a1"].allocated == 4 and scratch.nodes["a0"].allocated == 4
+    assert snap.nodes["a1"].allocated == 4 and cyc.return_rooms["uid-m"].booked["a1"] == 0, "the cycle's own untouched"
+
+
+def test_a_room_not_taken_in_the_cycle_its_move_ended_is_freed_at_the_end():
+    snap = two_racks()
+    cyc = _cycle(snap)
+    room = return_to(PlacementPlan(REQUEST, ROOM))
+    book_return_rooms(cyc, {"uid-m": _mover({"reason": "Defragmented", "returnTo": room})})
+    free_untaken_rooms(cyc)
+    assert snap.free_gpus() == 4, "a mover still leaving keeps its room"
+    ended = _mover(None, history=[{"at": STAMP, "reason": "Defragmented", "gpus": 8}])
+    book_return_rooms(cyc, {"uid-m": ended})
+    free_untaken_rooms(cyc)
     assert snap.free_gpus() == 12 and not cyc.return_rooms

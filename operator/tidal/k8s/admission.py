@@ -22,7 +22,7 @@ from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
-from tidal.k8s.return_rooms import keep_return_room, return_to, room_groups, take_return_room
+from tidal.k8s.return_rooms import book_rest_of_rooms, keep_return_room, return_to, room_groups, take_return_room
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
@@ -180,6 +180,7 @@ def without_evictions_in_flight(
         for group in groups_of_replicas(shape, status["placement"], eviction.get("replicas") or []):
             for node in group["nodes"]:
                 scratch.release(node, shape.gpus_per_pod)
+    book_rest_of_rooms(cyc, scratch)  # what leaving work frees on a mover's way back is the mover's
     return scratch
 
 

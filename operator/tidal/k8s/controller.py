@@ -27,7 +27,7 @@ from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
-from tidal.k8s.return_rooms import book_return_rooms
+from tidal.k8s.return_rooms import book_return_rooms, free_untaken_rooms
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
@@ -376,6 +376,7 @@ class Controller:
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)
         expand_elastic(cyc, statuses, self.settings.rebalance, pools_waiting)
+        free_untaken_rooms(cyc)
         self.holds = cyc.holds
         decided = time.monotonic()
         applied = apply_actions(cyc.plan, self.api, self.writer, self.applied_services, self.service_conflicts)

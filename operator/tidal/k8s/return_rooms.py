@@ -7,12 +7,14 @@ anything is planned: no admission, pool, recovery, growth or other mover's re-pl
 whichever mover's checkpoint ends first. In the cycle the eviction ends, the mover takes the room
 as it was verified (admission for a whole move, growth for given-back replicas), and only if that
 is no longer a valid placement (a node failed, was cordoned or tainted meanwhile) is it planned
-afresh. A room is booked only where GPUs are free: the part of it that other leaving work still
-holds is booked as that work leaves (`book_return_rooms` runs again after the reconciles), so a
-node never looks over-booked.
+afresh. A room is booked only where GPUs are unallocated (whatever the node's taints: the mover may
+tolerate them): the part of it that other leaving work still holds is booked as that work leaves
+(`book_return_rooms` runs again after the reconciles), so a node never looks over-booked.
 
 The room lives in the status, so a restarted operator keeps it; an eviction called off, a job
-deleted or suspended, frees it in the same cycle.
+deleted or suspended, frees it in the same cycle, and a room its mover did not take in the cycle
+its move ended is freed at the end of that cycle (`free_untaken_rooms`). Plans made on a copy that
+counts leaving work as gone (preemption, pools) see the whole room booked (`book_rest_of_rooms`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tidal.k8s.state import ResourceView
 from tidal.k8s.training import DEFRAGMENTED
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
 from tidal.placement.gang import plan_on
+from tidal.topology.snapshot import ClusterSnapshot
 
 
 @dataclass
@@ -36,6 +39,8 @@ class ReturnRoom:
     """Node -> GPUs the room needs there."""
     booked: Counter[str] = field(default_factory=Counter)
     """Node -> GPUs booked for it in this cycle's snapshot so far."""
+    taking: bool = False
+    """Its move ended in this cycle: the mover takes it now or it is freed (`free_untaken_rooms`)."""
 
 
 def return_to(plan: PlacementPlan) -> dict[str, str]:
@@ -45,14 +50,24 @@ def return_to(plan: PlacementPlan) -> dict[str, str]:
 
 def _room_of(view: ResourceView, status: dict[str, Any]) -> ReturnRoom | None:
     eviction = status.get("eviction") or {}
-    if view.deleting or eviction.get("reason") != DEFRAGMENTED or not eviction.get("returnTo"):
+    if (
+        view.deleting
+        or view.spec.get("suspend")
+        or not isinstance(eviction, dict)
+        or eviction.get("reason") != DEFRAGMENTED
+        or not eviction.get("returnTo")
+    ):
         return None
     try:
-        placement = compact.decode(eviction["returnTo"])
         gpp = int(view.spec["gpusPerPod"])
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None  # a room that cannot be read is none: the mover is planned afresh
-    groups = tuple(GroupAssignment(g["group"], g["supernode"], tuple(g["nodes"])) for g in placement)
+        groups = tuple(
+            GroupAssignment(int(g["group"]), str(g["supernode"]), tuple(str(n) for n in g["nodes"]))
+            for g in compact.decode(eviction["returnTo"])
+        )
+    except Exception:  # any unreadable room (a hand edit) is none: never a failed cycle
+        return None  # the mover is planned afresh
+    if gpp <= 0 or not groups:
+        return None
     wanted: Counter[str] = Counter()
     for g in groups:
         for node in g.nodes:
@@ -82,9 +97,12 @@ def book_return_rooms(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[s
     admission or growth); any other (called off, deleted, suspended) is freed for everyone."""
     for uid in list(cyc.return_rooms):
         item = statuses.get(uid)
-        view, status = item if item is not None else (None, {})
-        if view is None or (_room_of(view, status) is None and not _ended_this_cycle(cyc, view, status)):
-            _free(cyc, cyc.return_rooms.pop(uid))
+        if item is not None and _room_of(*item) is not None:
+            continue  # still leaving
+        if item is not None and _ended_this_cycle(cyc, *item):
+            cyc.return_rooms[uid].taking = True
+            continue
+        _free(cyc, cyc.return_rooms.pop(uid))
     for uid, (view, status) in statuses.items():
         keep_return_room(cyc, uid, view, status)
 
@@ -97,13 +115,39 @@ def keep_return_room(cyc: Cycle, uid: str, view: ResourceView, status: dict[str,
         if room is None:
             return
         cyc.return_rooms[uid] = room
-    snapshot = cyc.snapshot
-    for name, gpus in room.wanted.items():
+    _book(cyc.snapshot, room.wanted, room.booked)
+
+
+def _book(snapshot: ClusterSnapshot, wanted: Counter[str], booked: Counter[str]) -> None:
+    """Book `wanted - booked` where the GPUs are unallocated, adding to `booked`. Unallocated, not
+    free: a node's taint (the mover may tolerate it), a hold's cordon or a failure is the business
+    of whoever plans there; the room is only kept from being planned into (`plan_on` checks the
+    rest when the mover takes it)."""
+    for name, gpus in wanted.items():
         node = snapshot.nodes.get(name)
-        more = min(gpus - room.booked[name], node.free if node is not None else 0)
+        more = min(gpus - booked[name], node.gpus - node.allocated) if node is not None else 0
         if more > 0:
-            snapshot.allocate(name, more)
-            room.booked[name] += more
+            snapshot.update_node(name, allocated=node.allocated + more)
+            booked[name] += more
+
+
+def book_rest_of_rooms(cyc: Cycle, scratch: ClusterSnapshot) -> None:
+    """In a copy of the snapshot as it will be once every eviction under way has finished
+    (`admission.without_evictions_in_flight`), book the rest of every room: the part still held by
+    leaving work, which the copy has released. Preemption and pool plans made on the copy must
+    not count on it."""
+    for room in cyc.return_rooms.values():
+        _book(scratch, room.wanted, Counter(room.booked))
+
+
+def free_untaken_rooms(cyc: Cycle) -> None:
+    """The cycle's planning is over: a room its mover did not take (it was not tried, or could
+    not be placed) is free again now, so the queue is tried again on it next cycle."""
+    for room in cyc.return_rooms.values():
+        if not room.taking:
+            continue
+        _free(cyc, room)
+    cyc.return_rooms = {uid: room for uid, room in cyc.return_rooms.items() if not room.taking}
 
 
 def _free(cyc: Cycle, room: ReturnRoom) -> None:
