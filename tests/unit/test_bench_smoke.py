@@ -45,3 +45,15 @@ def test_preemption_cap_bench_quick_runs_and_puts_the_caps_back():
     for name in SETTINGS:
         assert result[f"{name}_worst_ratio"] >= 1.0, "no capped plan below the uncapped search's minimum"
         assert result[f"{name}_max_ms"] >= result[f"{name}_p50_ms"]
+
+
+def test_defrag_shrinks_bench_quick_runs_and_is_never_worse_with_partial_shrinks():
+    # Deterministic instances (seed 7): the partial shrink option saves GPUs in at least one plan,
+    # and with the exact search it never costs a plan or GPUs (the README's figure is 40 seeds).
+    from bench.defrag_shrinks import compare
+
+    exact = compare([7], 300, exact=True)
+    assert exact["fewer_gpus"] >= 1 and exact["gpus_moved"] < exact["gpus_moved_without_partial"]
+    assert exact["more_gpus"] == 0 and exact["found_only_without_partial"] == 0
+    greedy = compare([7], 40, exact=False)
+    assert greedy["blocked"] > 0 and greedy["plans"] > 0

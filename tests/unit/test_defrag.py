@@ -224,6 +224,50 @@ def test_elastic_gang_gives_back_only_the_replicas_in_the_way():
     assert plan.placement.supernodes == {rack(0)}
 
 
+def test_an_elastic_gang_gives_back_the_replica_that_shares_a_rack_with_another_move():
+    """Rack 0 holds el's top replica and x (8 GPUs each): the 72-GPU group needs both gone. Giving
+    back el's one replica there gains no group on its own (64 free), so only the shrink that clears
+    el off the rack offers it: 16 GPUs moved, not 40 (el whole). Racks 1 and 2 hold pinned work."""
+    snap = racks(3)
+    low = put(snap, "low", 3, 8, on=rack(1))
+    top = put(snap, "top", 1, 8, on=rack(0))
+    replicas = tuple(
+        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
+        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
+    )
+    running = [
+        MovableGang(RunningGang("el", 0, True, replicas, 1), GangRequest("el", 4, 8, 4)),
+        put(snap, "x", 1, 8, on=rack(0)),
+        put(snap, "pinned-1", 1, 8, on=rack(1), preemptible=False),
+        put(snap, "pinned-2", 1, 8, on=rack(2), preemptible=False),
+    ]
+    request = GangRequest("big", 1, 72, 4)
+    plan = plan_defrag(snap, request, running, None)
+    assert plan is not None and plan.moved_gpus == 16 and plan.placement.supernodes == {rack(0)}
+    assert sorted((m.eviction.gang, m.eviction.replicas) for m in plan.moves) == [("el", (3,)), ("x", (0,))]
+    check(snap, request, running, plan)
+
+
+def test_an_elastic_gang_gives_back_just_the_replicas_a_group_needs():
+    """Rack 0 holds el's top two replicas (16 GPUs), rack 1 its other two: 56 free on each. A
+    64-GPU group needs only the top replica given back (8 GPUs), not the whole rack cleared (16):
+    and within a budget of 8 GPUs, that is the only plan there is."""
+    snap = racks(2)
+    low = put(snap, "low", 2, 8, on=rack(1))
+    top = put(snap, "top", 2, 8, on=rack(0))
+    replicas = tuple(
+        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
+        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
+    )
+    running = [MovableGang(RunningGang("el", 0, True, replicas, 2), GangRequest("el", 4, 8, 4))]
+    request = GangRequest("big", 1, 64, 4)
+    for budget in (None, 8):
+        plan = plan_defrag(snap, request, running, budget)
+        assert plan is not None and [(m.eviction.replicas, m.eviction.gpus) for m in plan.moves] == [((3,), 8)]
+        assert plan.placement.supernodes == {rack(0)}
+        check(snap, request, running, plan)
+
+
 def _groups_nodes(snap: ClusterSnapshot, m: MovableGang) -> list[tuple[str, ...]]:
     """The nodes of each group of a gang placed by `put` with one replica (pods of 4 GPUs)."""
     nodes = [n for n, g in m.gang.replicas[0] for _ in range(g // 4)]

@@ -299,9 +299,9 @@ MUTANTS = [
     Mutant(
         "defrag: an elastic gang gives back only the replicas in the way",
         DEFRAG,
-        "levels.add(level)",
+        "levels.add(level)  # the fewest that clear the gang off this supernode",
         "pass",
-        DEFRAGS + "test_elastic_gang_gives_back_only_the_replicas_in_the_way",
+        DEFRAGS + "test_an_elastic_gang_gives_back_the_replica_that_shares_a_rack_with_another_move",
     ),
     Mutant(
         "defrag: the greedy ranks racks by fewest moves",
@@ -399,6 +399,13 @@ MUTANTS = [
         "total += free",
         DEFRAGS + "test_stranded_gpus_count_what_no_pending_size_can_use",
     ),
+    Mutant(
+        "an elastic gang gives back just the replicas a group needs",
+        DEFRAG,
+        "if not gained and here and self._groups_on(sn, here) > base:",
+        "if False:",
+        DEFRAGS + "test_an_elastic_gang_gives_back_just_the_replicas_a_group_needs",
+    ),
     # defragmentation in the operator: a mover's way back (k8s/return_rooms.py)
     Mutant(
         "a mover's room is booked while it leaves",
@@ -424,8 +431,8 @@ MUTANTS = [
     Mutant(
         "a called-off move frees its room at once",
         ROOMS,
-        "            _free(cyc, cyc.return_rooms.pop(uid))",
-        "            pass",
+        "        _free(cyc, cyc.return_rooms.pop(uid))",
+        "        cyc.return_rooms.pop(uid)",
         MOVES + "test_a_called_off_move_frees_its_room_in_the_same_cycle",
     ),
     Mutant(

@@ -30,11 +30,12 @@ enumeration would exceed `EXACT_MAX_SETS`, a greedy adds the cheapest supernode'
 until the request fits (going up to twice the cap on moves), then prunes every move it can do
 without (most GPUs first); a plan still above the cap is none.
 
-Options per gang: suspend it whole, or (elastic) the smallest top-replica shrink that clears it off
-a supernode it holds. A shrink that frees only part of a supernode is not an option, though it can
-be what a group needs (3 replicas of 4 GPUs on one rack, an 8-GPU group: giving back 2 would do,
-the planner moves the whole gang, or finds nothing if the budget allows only 8 GPUs): each
-intermediate level is one more option per elastic gang, and the exact search's reach is counted in
+Options per gang: suspend it whole, or (elastic), for each supernode it holds, the smallest
+top-replica shrink that clears it off that supernode and the smallest that gives the request one
+more group there as the supernode is now (3 replicas of 4 GPUs on one rack with 4 GPUs free
+beside them, an 8-GPU group: giving back one replica does). A shrink between those two is not an
+option, though with other moves on the same supernode it could be what a group needs: each such
+level would be one more option per elastic gang, and the exact search's reach is counted in
 options.
 
 The planner never changes the caller's snapshot: it books and releases on it while checking and
@@ -224,9 +225,15 @@ class _Planner:
             if m.gang.min_replicas is not None:
                 for sn in on:
                     total = sum(g for node, g in whole if self.sn_of.get(node) == sn)
+                    base, gained = self._groups_on(sn, ()), False
                     for level in range(1, max(n - m.gang.min_replicas, 0) + 1):
-                        if sum(g for node, g in self._release(m, level) if self.sn_of.get(node) == sn) == total:
-                            levels.add(level)
+                        released = self._release(m, level)
+                        here = tuple((node, g) for node, g in released if self.sn_of.get(node) == sn)
+                        if not gained and here and self._groups_on(sn, here) > base:
+                            levels.add(level)  # the fewest replicas that give the request a group here
+                            gained = True
+                        if sum(g for _, g in here) == total:
+                            levels.add(level)  # the fewest that clear the gang off this supernode
                             break
             for level in sorted(levels):
                 released = self._release(m, level)
@@ -236,6 +243,11 @@ class _Planner:
         return out
 
     # -- counting (cheap) -------------------------------------------------------------------
+    def _groups_on(self, sn: str, released: tuple[tuple[str, int], ...]) -> int:
+        """Groups of the request supernode `sn` holds with `released` (its nodes only) freed."""
+        extra = dict(released)
+        return sum(self._slots(node, extra.get(node, 0)) for node in self.snap.supernodes[sn].nodes) // self.ppg
+
     def _slots(self, node: str, extra: int) -> int:
         state = self.snap.nodes[node]
         if not state.usable or (state.spare and not self.request.recovery):
