@@ -199,17 +199,21 @@ def test_two_groups_need_two_racks_freed():
     check(snap, request, running, plan)
 
 
+def elastic_el(snap: ClusterSnapshot, low_on: str, low: int, top_on: str, top: int, min_replicas: int) -> MovableGang:
+    """An elastic gang "el" of one-group replicas of 8 GPUs: `low` of them on `low_on`, then the top
+    `top` on `top_on`."""
+    parts = put(snap, "low", low, 8, on=low_on), put(snap, "top", top, 8, on=top_on)
+    replicas = tuple(
+        tuple(sorted(Counter({n: 4 for n in nodes}).items())) for part in parts for nodes in _groups_nodes(snap, part)
+    )
+    return MovableGang(RunningGang("el", 0, True, replicas, min_replicas), GangRequest("el", low + top, 8, 4))
+
+
 def elastic_over_two_racks(min_replicas: int) -> tuple[ClusterSnapshot, list[MovableGang]]:
     """One elastic gang "el" of 4 replicas of one 8-GPU group: replicas 0-1 on rack 1, the top two
     (2-3) on rack 0; rack 2 held by pinned work."""
     snap = racks(3)
-    low = put(snap, "low", 2, 8, on=rack(1))
-    top = put(snap, "top", 2, 8, on=rack(0))
-    replicas = tuple(
-        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
-        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
-    )
-    elastic = MovableGang(RunningGang("el", 0, True, replicas, min_replicas), GangRequest("el", 4, 8, 4))
+    elastic = elastic_el(snap, rack(1), 2, rack(0), 2, min_replicas)
     return snap, [elastic, put(snap, "pinned", 1, 8, on=rack(2), preemptible=False)]
 
 
@@ -229,14 +233,8 @@ def test_an_elastic_gang_gives_back_the_replica_that_shares_a_rack_with_another_
     back el's one replica there gains no group on its own (64 free), so only the shrink that clears
     el off the rack offers it: 16 GPUs moved, not 40 (el whole). Racks 1 and 2 hold pinned work."""
     snap = racks(3)
-    low = put(snap, "low", 3, 8, on=rack(1))
-    top = put(snap, "top", 1, 8, on=rack(0))
-    replicas = tuple(
-        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
-        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
-    )
     running = [
-        MovableGang(RunningGang("el", 0, True, replicas, 1), GangRequest("el", 4, 8, 4)),
+        elastic_el(snap, rack(1), 3, rack(0), 1, 1),
         put(snap, "x", 1, 8, on=rack(0)),
         put(snap, "pinned-1", 1, 8, on=rack(1), preemptible=False),
         put(snap, "pinned-2", 1, 8, on=rack(2), preemptible=False),
@@ -253,13 +251,7 @@ def test_an_elastic_gang_gives_back_just_the_replicas_a_group_needs():
     64-GPU group needs only the top replica given back (8 GPUs), not the whole rack cleared (16):
     and within a budget of 8 GPUs, that is the only plan there is."""
     snap = racks(2)
-    low = put(snap, "low", 2, 8, on=rack(1))
-    top = put(snap, "top", 2, 8, on=rack(0))
-    replicas = tuple(
-        tuple(sorted(Counter({n: 4 for n in nodes}).items()))
-        for nodes in _groups_nodes(snap, low) + _groups_nodes(snap, top)
-    )
-    running = [MovableGang(RunningGang("el", 0, True, replicas, 2), GangRequest("el", 4, 8, 4))]
+    running = [elastic_el(snap, rack(1), 2, rack(0), 2, 2)]
     request = GangRequest("big", 1, 64, 4)
     for budget in (None, 8):
         plan = plan_defrag(snap, request, running, budget)
