@@ -57,3 +57,7 @@ def test_defrag_shrinks_bench_quick_runs_and_is_never_worse_with_partial_shrinks
     assert exact["more_gpus"] == 0 and exact["found_only_without_partial"] == 0
     greedy = compare([7], 40, exact=False)
     assert greedy["blocked"] > 0 and greedy["plans"] > 0
+    from bench.defrag_shrinks import option_seconds
+
+    _, options = option_seconds(64)
+    assert options == 8, "one option per rack the gang holds (clearing it gains the whole rack)"

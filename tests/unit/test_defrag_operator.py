@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
+import pytest
 from prometheus_client import generate_latest
 
 from tidal.clock import FixedClock
@@ -290,11 +291,14 @@ def test_a_called_off_move_frees_its_room_in_the_same_cycle():
     assert cluster.status("TrainingJob", "ml", "wide")["phase"] in ("Admitted", "Running")
 
 
-def test_given_back_replicas_grow_back_onto_their_room():
+@pytest.mark.parametrize("recently_rebalanced", [False, True])
+def test_given_back_replicas_grow_back_onto_their_room(recently_rebalanced: bool):
     """The only movable job is elastic, one DP replica on each of two racks: giving back its top
     replica clears a rack for the gang, and the replica is verified to fit again beside the other.
     A job arriving meanwhile (3 groups of 56 GPUs) fits only by taking that room: it waits, and
-    the replica grows back exactly there in the cycle the shrink ends."""
+    the replica grows back exactly there in the cycle the shrink ends. Also when the job was
+    shrunk for a pool a minute ago: the grow-back cooldown holds back growth, not a move's way
+    back (a review found such a job shrunk for good, its room freed)."""
     cluster = FakeCluster("nvl72", RACKS)
     cluster.add_priority_class("prio-0", 0)
     cluster.add_priority_class("prio-1", 1)
@@ -313,6 +317,11 @@ def test_given_back_replicas_grow_back_onto_their_room():
         del cluster.pods[key]
     run(cluster, controller)
     assert len(_racks_of(cluster, "elastic")) == 2
+    if recently_rebalanced:
+        key = ("TrainingJob", "ml", "elastic")
+        record = {"at": "2026-05-01T11:59:00Z", "reason": "Rebalanced", "gpus": 0}
+        view = cluster.objects[key]
+        cluster.objects[key] = dataclasses.replace(view, status={**view.status, "evictionHistory": [record]})
     cluster.add("TrainingJob", "ml", "whole-rack", spec(4, 18, priority=1))
     run(cluster, controller, cycles=2)
     eviction = cluster.status("TrainingJob", "ml", "elastic")["eviction"]

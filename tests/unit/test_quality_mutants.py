@@ -402,7 +402,7 @@ MUTANTS = [
     Mutant(
         "an elastic gang gives back just the replicas a group needs",
         DEFRAG,
-        "if not gained and here and self._groups_on(sn, here) > base:",
+        "if sn not in gained and self._groups_on(sn, tuple(released[sn].items())) > base[sn]:",
         "if False:",
         DEFRAGS + "test_an_elastic_gang_gives_back_just_the_replicas_a_group_needs",
     ),
@@ -459,8 +459,8 @@ MUTANTS = [
     Mutant(
         "given-back replicas grow back onto their room",
         REGROW,
-        "take_return_room(cyc, view.uid, request if dp == room_dp else None)",
-        "take_return_room(cyc, view.uid, None)",
+        "plan = take_return_room(cyc, view.uid, request)",
+        "plan = take_return_room(cyc, view.uid, None)",
         MOVES + "test_given_back_replicas_grow_back_onto_their_room",
     ),
 ]

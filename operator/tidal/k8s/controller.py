@@ -27,7 +27,7 @@ from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
-from tidal.k8s.return_rooms import book_return_rooms, free_untaken_rooms
+from tidal.k8s.return_rooms import book_return_rooms, free_untaken_rooms, top_up_return_rooms
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
@@ -358,6 +358,9 @@ class Controller:
             except Exception:
                 log.exception("reconcile failed", namespace=view.namespace, name=view.name)
                 continue
+            finally:
+                if cyc.return_rooms:  # what this reconcile released on a mover's way back is the mover's
+                    top_up_return_rooms(cyc)
             if (new is None or new == status) and cyc.actions == actions:
                 self._settled[uid] = (view, status)  # nothing to do until its pods, nodes or object move
             else:

@@ -264,11 +264,14 @@ def expand_elastic(
     cyc: Cycle, jobs: Statuses, settings: RebalanceSettings, pools_waiting: Collection[str] = ()
 ) -> None:
     """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs, except on
-    an accelerator where a pool waits for GPUs being freed (`rebalance_pools`)."""
+    an accelerator where a pool waits for GPUs being freed (`rebalance_pools`). Replicas given back
+    for a defragmentation move grow back first, onto the room kept for them (`_regrow_into_room`)."""
     for view, status in sorted(jobs.values(), key=lambda i: (-cyc.priorities.of(i[0]), i[0].created)):
-        if view.deleting or status.get("phase") != "Running" or status.get("eviction") or view.spec.get("suspend"):
+        if view.deleting or status.get("eviction") or view.spec.get("suspend"):
             continue
-        if view.spec.get("accelerator", "nvidia.com/gpu") in pools_waiting:
+        if room_groups(cyc, view.uid) and holds_gpus(status) and _regrow_into_room(cyc, jobs, view, status):
+            continue
+        if status.get("phase") != "Running" or view.spec.get("accelerator", "nvidia.com/gpu") in pools_waiting:
             continue
         shape = shape_of(view, status)
         target = view.spec.get("dp", 1)
@@ -287,46 +290,79 @@ def expand_elastic(
             continue
         if job_domain_problem(cyc, view, GangShape.of(view.spec, target)):
             continue  # new pods could share a tray under a ComputeDomain (admitted before one was wanted)
-        # Replicas given back for a defragmentation move grow back first onto the room they were
-        # verified to fit into (k8s/return_rooms.py), in the cycle the move ended.
-        room = room_groups(cyc, view.uid)
-        room_dp = (shape.groups + len(room)) // shape.groups_per_replica
-        if room != tuple(range(shape.groups, shape.groups + len(room))) or not shape.dp < room_dp <= target:
-            room_dp = None
-        for dp in sorted(range(target, shape.dp, -1), key=lambda d: d != room_dp):
+        for dp in range(target, shape.dp, -1):
             bigger = GangShape.of(view.spec, dp)
             if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
                 continue  # grown only within the namespace's GPU quota
-            groups = tuple(range(shape.groups, bigger.groups))
-            request = job_request(
-                cyc, view, shape, group_ids=groups, resident_on={g["supernode"] for g in status["placement"]}
-            )
+            request = _growth_request(cyc, view, status, shape, bigger)
             with cyc.tolerating(view.spec.get("template")):
-                plan = take_return_room(cyc, view.uid, request if dp == room_dp else None) if room else None
-                returned, room = isinstance(plan, PlacementPlan), ()
-                if not returned:
-                    plan = plan_gang(cyc.snapshot, request, cyc.demand)
+                plan = plan_gang(cyc.snapshot, request, cyc.demand)
                 if isinstance(plan, PlacementPlan):
                     apply_plan(cyc.snapshot, plan)
                     cyc.snapshot.add_residents(plan.supernodes - request.resident_on)
-            if not isinstance(plan, PlacementPlan):
-                continue
-            cyc.quotas.book(view, bigger.world_size - shape.world_size)
-            grown = [{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups]
-            hold_domain_nodes(cyc, view, grown)
-            placement = [*status["placement"], *grown]
-            new = {
-                **status,
-                **summary_fields(placement, bigger),
-                "phase": "Admitted",
-                "reason": f"expanding dp {shape.dp} -> {dp}",
-                "placedAt": cyc.stamp,
-            }
-            if returned:
-                cyc.count("defrag_returns")
-            where = "the room kept for them since their defragmentation move" if returned else "free GPUs"
-            cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {dp} on {where}")
-            cyc.count("moves:to-training:expand", dp - shape.dp)
-            jobs[view.uid] = (view, new)
-            cyc.write_status(view, new)
-            break
+            if isinstance(plan, PlacementPlan):
+                _grown(cyc, jobs, view, status, shape, bigger, plan, "free GPUs")
+                break
+
+
+def _growth_request(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, bigger: GangShape
+) -> GangRequest:
+    groups = tuple(range(shape.groups, bigger.groups))
+    return job_request(cyc, view, shape, group_ids=groups, resident_on={g["supernode"] for g in status["placement"]})
+
+
+def _regrow_into_room(cyc: Cycle, jobs: Statuses, view: ResourceView, status: dict[str, Any]) -> bool:
+    """In the cycle its defragmentation shrink ended, a job grows back onto the room its given-back
+    replicas were verified to fit into, if that still is a valid placement within its quota. Not
+    held back by what holds ordinary growth back (a pool waiting on the accelerator, the grow-back
+    cooldown, a phase other than Running): the replicas ran a moment ago, and the room was kept for
+    them, not for the pool. Whatever the answer, the room is given up (`take_return_room`)."""
+    shape = shape_of(view, status)
+    room = room_groups(cyc, view.uid)
+    dp = (shape.groups + len(room)) // shape.groups_per_replica
+    bigger = GangShape.of(view.spec, dp)
+    fits = (
+        room == tuple(range(shape.groups, bigger.groups))
+        and shape.dp < dp <= view.spec.get("dp", 1)
+        and not cyc.quotas.problem(view, bigger.world_size - shape.world_size)
+        and not job_domain_problem(cyc, view, bigger)
+    )
+    request = _growth_request(cyc, view, status, shape, bigger) if fits else None
+    with cyc.tolerating(view.spec.get("template")):
+        plan = take_return_room(cyc, view.uid, request)
+        if plan is None or request is None:
+            return False
+        apply_plan(cyc.snapshot, plan)
+        cyc.snapshot.add_residents(plan.supernodes - request.resident_on)
+    cyc.count("defrag_returns")
+    _grown(cyc, jobs, view, status, shape, bigger, plan, "the room kept for them since their defragmentation move")
+    return True
+
+
+def _grown(
+    cyc: Cycle,
+    jobs: Statuses,
+    view: ResourceView,
+    status: dict[str, Any],
+    shape: GangShape,
+    bigger: GangShape,
+    plan: PlacementPlan,
+    where: str,
+) -> None:
+    """Record the growth from `shape` to `bigger` onto `plan` (already booked in the snapshot)."""
+    cyc.quotas.book(view, bigger.world_size - shape.world_size)
+    grown = [{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups]
+    hold_domain_nodes(cyc, view, grown)
+    placement = [*status["placement"], *grown]
+    new = {
+        **status,
+        **summary_fields(placement, bigger),
+        "phase": "Admitted",
+        "reason": f"expanding dp {shape.dp} -> {bigger.dp}",
+        "placedAt": cyc.stamp,
+    }
+    cyc.event(view, "Expanded", f"grew from dp {shape.dp} to {bigger.dp} on {where}")
+    cyc.count("moves:to-training:expand", bigger.dp - shape.dp)
+    jobs[view.uid] = (view, new)
+    cyc.write_status(view, new)

@@ -27,6 +27,7 @@ from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.state import ResourceView
 from tidal.k8s.training import DEFRAGMENTED
+from tidal.k8s.watch import JournaledSnapshot
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
 from tidal.placement.gang import plan_on
 from tidal.topology.snapshot import ClusterSnapshot
@@ -143,11 +144,17 @@ def book_rest_of_rooms(cyc: Cycle, scratch: ClusterSnapshot) -> None:
 def free_untaken_rooms(cyc: Cycle) -> None:
     """The cycle's planning is over: a room its mover did not take (it was not tried, or could
     not be placed) is free again now, so the queue is tried again on it next cycle."""
+    freed = False
     for room in cyc.return_rooms.values():
         if not room.taking:
             continue
+        freed |= bool(room.booked)
         _free(cyc, room)
     cyc.return_rooms = {uid: room for uid, room in cyc.return_rooms.items() if not room.taking}
+    if freed and isinstance(cyc.snapshot, JournaledSnapshot):
+        # Said outright: on a tainted node (a room the mover tolerates) the release raises no free
+        # count, so the snapshot would not note that capacity came back.
+        cyc.snapshot.capacity_version += 1
 
 
 def _free(cyc: Cycle, room: ReturnRoom) -> None:
@@ -163,8 +170,22 @@ def take_return_room(cyc: Cycle, uid: str, request: GangRequest | None) -> Place
     room = cyc.return_rooms.pop(uid, None)
     if room is None:
         return None
+    version = getattr(cyc.snapshot, "capacity_version", None)
     _free(cyc, room)
-    return plan_on(cyc.snapshot, request, room.groups) if request is not None else None
+    plan = plan_on(cyc.snapshot, request, room.groups) if request is not None else None
+    if plan is not None and version is not None:
+        # The same GPUs are booked again at once by the caller: no capacity came back, and the
+        # queue need not be tried again for it.
+        cyc.snapshot.capacity_version = version
+    return plan
+
+
+def top_up_return_rooms(cyc: Cycle) -> None:
+    """Book what rooms still lack where GPUs came free (a reconcile released leaving work): before
+    the next job's recovery or growth in the same loop could plan onto them."""
+    for room in cyc.return_rooms.values():
+        if room.booked != room.wanted:
+            _book(cyc.snapshot, room.wanted, room.booked)
 
 
 def room_groups(cyc: Cycle, uid: str) -> tuple[int, ...]:

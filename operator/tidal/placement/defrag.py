@@ -217,30 +217,49 @@ class _Planner:
         out = []
         for i, m in enumerate(self.gangs):
             n = len(m.gang.replicas)
-            whole = self._release(m, n)
-            on = {self.sn_of[node] for node, _ in whole if node in self.sn_of}
-            if not on:
+            totals: dict[str, int] = {}  # supernode -> GPUs the gang holds there
+            for node, g in self._release(m, n):
+                sn = self.sn_of.get(node)
+                if sn is not None:
+                    totals[sn] = totals.get(sn, 0) + g
+            if not totals:
                 continue  # holds nothing a group of the request could use
             levels = {n}
             if m.gang.min_replicas is not None:
-                for sn in on:
-                    total = sum(g for node, g in whole if self.sn_of.get(node) == sn)
-                    base, gained = self._groups_on(sn, ()), False
-                    for level in range(1, max(n - m.gang.min_replicas, 0) + 1):
-                        released = self._release(m, level)
-                        here = tuple((node, g) for node, g in released if self.sn_of.get(node) == sn)
-                        if not gained and here and self._groups_on(sn, here) > base:
-                            levels.add(level)  # the fewest replicas that give the request a group here
-                            gained = True
-                        if sum(g for _, g in here) == total:
-                            levels.add(level)  # the fewest that clear the gang off this supernode
-                            break
+                levels |= self._shrink_levels(m, totals)
             for level in sorted(levels):
                 released = self._release(m, level)
                 gpus = sum(g for _, g in released)
                 if self.budget is None or gpus <= self.budget:
                     out.append(_Option(i, level, released, gpus))
         return out
+
+    def _shrink_levels(self, m: MovableGang, totals: dict[str, int]) -> set[int]:
+        """Per supernode the gang holds: the fewest top replicas (never below minDP) that give the
+        request one more group there, and the fewest that clear the gang off it. One walk down
+        from the top replica (a gang of 1,024 replicas must not cost a walk per level)."""
+        n, levels = len(m.gang.replicas), set()
+        base = {sn: self._groups_on(sn, ()) for sn in totals}
+        released: dict[str, dict[str, int]] = {}  # supernode -> node -> GPUs given back so far
+        gained, cleared = set(), set()
+        for level in range(1, max(n - (m.gang.min_replicas or 0), 0) + 1):
+            touched = set()
+            for node, g in m.gang.replicas[n - level]:
+                sn = self.sn_of.get(node)
+                if sn is not None:
+                    here = released.setdefault(sn, {})
+                    here[node] = here.get(node, 0) + g
+                    touched.add(sn)
+            for sn in touched - cleared:
+                if sn not in gained and self._groups_on(sn, tuple(released[sn].items())) > base[sn]:
+                    levels.add(level)  # the fewest replicas that give the request a group here
+                    gained.add(sn)
+                if sum(released[sn].values()) == totals[sn]:
+                    levels.add(level)  # the fewest that clear the gang off this supernode
+                    cleared.add(sn)
+            if len(cleared) == len(totals):
+                break
+        return levels
 
     # -- counting (cheap) -------------------------------------------------------------------
     def _groups_on(self, sn: str, released: tuple[tuple[str, int], ...]) -> int:
