@@ -387,7 +387,7 @@ MUTANTS = [
     Mutant(
         "defrag: never below an elastic gang's minimum replicas",
         DEFRAG,
-        "for level in range(1, max(n - m.gang.min_replicas, 0) + 1):",
+        "for level in range(1, max(n - (m.gang.min_replicas or 0), 0) + 1):",
         "for level in range(1, n + 1):",
         DEFRAGS + "test_an_elastic_gang_is_never_shrunk_below_its_minimum",
         safe=False,
@@ -417,8 +417,8 @@ MUTANTS = [
     Mutant(
         "a mover takes its room as it was verified",
         ROOMS,
-        "return plan_on(cyc.snapshot, request, room.groups) if request is not None else None",
-        "return None",
+        "plan = plan_on(cyc.snapshot, request, room.groups) if request is not None else None",
+        "plan = None",
         MOVES + "test_a_restarted_operator_keeps_a_movers_room",
     ),
     Mutant(
@@ -461,7 +461,7 @@ MUTANTS = [
         REGROW,
         "plan = take_return_room(cyc, view.uid, request)",
         "plan = take_return_room(cyc, view.uid, None)",
-        MOVES + "test_given_back_replicas_grow_back_onto_their_room",
+        MOVES + "test_given_back_replicas_grow_back_onto_their_room[False]",
     ),
 ]
 
