@@ -33,14 +33,13 @@ from tidal.topology import build_fleet, snapshot_from_fleet
 
 @contextmanager
 def _search(exact: bool, partial: bool) -> Iterator[None]:
-    saved = defrag.EXACT_MAX_OPTIONS, defrag._Planner._groups_on
+    saved = defrag.EXACT_MAX_OPTIONS, defrag.PARTIAL_SHRINKS
     defrag.EXACT_MAX_OPTIONS = saved[0] if exact else 0
-    if not partial:  # no supernode ever gains a group from a shrink short of clearing it
-        defrag._Planner._groups_on = lambda self, sn, released: 0  # type: ignore[method-assign]
+    defrag.PARTIAL_SHRINKS = partial
     try:
         yield
     finally:
-        defrag.EXACT_MAX_OPTIONS, defrag._Planner._groups_on = saved
+        defrag.EXACT_MAX_OPTIONS, defrag.PARTIAL_SHRINKS = saved
 
 
 def _plans(seeds: list[int], count: int) -> list[tuple[int, int] | None]:

@@ -30,6 +30,7 @@ from tidal.k8s.training import (
     holds_gpus,
     job_domain_problem,
     job_request,
+    placement_of,
     pool_evictor,
     shape_of,
     start_eviction,
@@ -352,7 +353,7 @@ def _grown(
 ) -> None:
     """Record the growth from `shape` to `bigger` onto `plan` (already booked in the snapshot)."""
     cyc.quotas.book(view, bigger.world_size - shape.world_size)
-    grown = [{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups]
+    grown = placement_of(plan)
     hold_domain_nodes(cyc, view, grown)
     placement = [*status["placement"], *grown]
     new = {

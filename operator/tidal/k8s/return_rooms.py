@@ -26,7 +26,7 @@ from typing import Any
 from tidal.k8s import compact
 from tidal.k8s.cycle import Cycle
 from tidal.k8s.state import ResourceView
-from tidal.k8s.training import DEFRAGMENTED
+from tidal.k8s.training import DEFRAGMENTED, placement_of
 from tidal.k8s.watch import JournaledSnapshot
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
 from tidal.placement.gang import plan_on
@@ -46,7 +46,7 @@ class ReturnRoom:
 
 def return_to(plan: PlacementPlan) -> dict[str, str]:
     """`status.eviction.returnTo` of a move re-placed by `plan` (the compact assignment form)."""
-    return compact.encode([{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups])
+    return compact.encode(placement_of(plan))
 
 
 def _room_of(view: ResourceView, status: dict[str, Any]) -> ReturnRoom | None:

@@ -63,6 +63,9 @@ MAX_MOVES = 8
 """No plan moves more gangs than this, or twice the groups missing if more (each is a checkpoint and a restart)."""
 EXTRA_SUPERNODES = 3
 """Candidate supernodes beyond the number of groups missing."""
+PARTIAL_SHRINKS = True
+"""Elastic gangs may also give back the fewest top replicas that give the request a group on a
+supernode without clearing them off it (`bench.defrag_shrinks` turns this off to measure it)."""
 FALLBACK_WINDOWS = 8
 """When the closest candidates give no plan: windows of as many supernodes down the ranking tried,
 the first included (so a blocked gang's failed search costs at most this many)."""
@@ -239,7 +242,7 @@ class _Planner:
         request one more group there, and the fewest that clear the gang off it. One walk down
         from the top replica (a gang of 1,024 replicas must not cost a walk per level)."""
         n, levels = len(m.gang.replicas), set()
-        base = {sn: self._groups_on(sn, ()) for sn in totals}
+        base = {sn: self._groups_with(sn, {}) for sn in totals}
         released: dict[str, dict[str, int]] = {}  # supernode -> node -> GPUs given back so far
         gained, cleared = set(), set()
         for level in range(1, max(n - (m.gang.min_replicas or 0), 0) + 1):
@@ -251,7 +254,7 @@ class _Planner:
                     here[node] = here.get(node, 0) + g
                     touched.add(sn)
             for sn in touched - cleared:
-                if sn not in gained and self._groups_on(sn, tuple(released[sn].items())) > base[sn]:
+                if PARTIAL_SHRINKS and sn not in gained and self._groups_with(sn, released[sn]) > base[sn]:
                     levels.add(level)  # the fewest replicas that give the request a group here
                     gained.add(sn)
                 if sum(released[sn].values()) == totals[sn]:
@@ -262,11 +265,6 @@ class _Planner:
         return levels
 
     # -- counting (cheap) -------------------------------------------------------------------
-    def _groups_on(self, sn: str, released: tuple[tuple[str, int], ...]) -> int:
-        """Groups of the request supernode `sn` holds with `released` (its nodes only) freed."""
-        extra = dict(released)
-        return sum(self._slots(node, extra.get(node, 0)) for node in self.snap.supernodes[sn].nodes) // self.ppg
-
     def _slots(self, node: str, extra: int) -> int:
         state = self.snap.nodes[node]
         if not state.usable or (state.spare and not self.request.recovery):
@@ -408,6 +406,10 @@ class _Planner:
             for node, g in o.released:
                 if self.sn_of.get(node) == sn:
                     extra[node] = extra.get(node, 0) + g
+        return self._groups_with(sn, extra)
+
+    def _groups_with(self, sn: str, extra: dict[str, int]) -> int:
+        """Groups of the request supernode `sn` holds with `extra` GPUs (node -> GPUs, its nodes only) freed."""
         base = self.snap.pod_slots(sn, self.gpp, self.request.recovery)
         more = sum(self._slots(node, g) - self._slots(node, 0) for node, g in extra.items())
         return (base + more) // self.ppg
