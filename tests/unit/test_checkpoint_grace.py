@@ -169,6 +169,63 @@ def test_a_preemption_whose_preemptor_no_longer_waits_is_called_off(how: str):
     assert requested["reason"] == "Cancelled" and "ml/high is" in requested["message"], requested
 
 
+def test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_again():
+    """The preemptor went away while another queued job needs the same victim: the checkpoint
+    request already sent stands for that job (one checkpoint, not a cancel and a second request),
+    so a checkpoint-done made for the first request evicts at once for the second."""
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    cluster.add_priority_class("mid", 50)
+    cluster.add("TrainingJob", "ml", "mid", {**BASE, "dp": 1, "priorityClassName": "mid"})
+    run(cluster, controller, cycles=1)
+    asked = cluster.status("TrainingJob", "ml", "low")["eviction"]
+    assert asked["by"].startswith("ml/high ") and asked.get("askedAt")
+    assert cluster.status("TrainingJob", "ml", "mid")["phase"] == "Pending"
+
+    clock.advance(seconds=60)
+    del cluster.objects[("TrainingJob", "ml", "high")]
+    cluster.calls.clear()
+    run(cluster, controller, cycles=1)
+    eviction = cluster.status("TrainingJob", "ml", "low")["eviction"]
+    assert eviction["by"].startswith("ml/mid "), eviction
+    assert {k: eviction[k] for k in ("requestedAt", "askedAt", "deadline")} == {
+        k: asked[k] for k in ("requestedAt", "askedAt", "deadline")
+    }, "the request already sent, its grace period already running"
+    reasons = [d[1] for v, d in cluster.calls if v == "event" and d[0] == "low"]
+    assert reasons == ["CheckpointRequestTakenOver"], reasons
+    assert not any(
+        "tidal.dev/checkpoint-cancelled" in (p["metadata"].get("annotations") or {}) for p in low_pods(cluster)
+    )
+    requested = next(
+        c for c in cluster.status("TrainingJob", "ml", "low")["conditions"] if c["type"] == "CheckpointRequested"
+    )
+    assert requested["status"] == "True" and requested["reason"] == "Preempted" and "ml/mid" in requested["message"]
+    assert parse_time(requested["lastTransitionTime"]) == parse_time(asked["requestedAt"])
+
+    cluster.annotate("TrainingJob", "ml", "low", {"tidal.dev/checkpoint-done": asked["requestedAt"]})
+    run(cluster, controller, cycles=1)
+    assert not low_pods(cluster), "the checkpoint made for the first request counts"
+    assert "Preempted by ml/mid" in preempted_message(cluster) and "after checkpoint-done" in preempted_message(cluster)
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "mid")["phase"] == "Running"
+
+
+def test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_the_cycle():
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    run(cluster, controller, cycles=1)
+    requested_at = cluster.status("TrainingJob", "ml", "low")["eviction"]["requestedAt"]
+    del cluster.objects[("TrainingJob", "ml", "high")]
+    cluster.calls.clear()
+    run(cluster, controller, cycles=2)
+    cancelled = [d for v, d in cluster.calls if v == "event" and d[0] == "low" and d[1] == "EvictionCancelled"]
+    assert len(cancelled) == 1 and "ml/high is gone" in cancelled[0][2], cancelled
+    annotations = [p["metadata"].get("annotations") or {} for p in low_pods(cluster)]
+    assert annotations and all(a.get("tidal.dev/checkpoint-cancelled") == requested_at for a in annotations)
+
+
 def test_a_preemption_is_called_off_when_a_finished_job_leaves_the_preemptor_room_elsewhere():
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))

@@ -31,6 +31,7 @@ PREEMPTION = "placement/preemption.py"
 DEFRAG = "placement/defrag.py"
 ROOMS = "k8s/return_rooms.py"
 REGROW = "k8s/rebalancing.py"
+TRAINING = "k8s/training.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
 PLACEMENT = "tests/unit/test_placement.py::"
 PREEMPT = "tests/unit/test_preemption.py::"
@@ -38,6 +39,7 @@ OPTIMAL = "tests/unit/test_preemption_optimality.py::"
 DEFRAGS = "tests/unit/test_defrag.py::"
 MOVES = "tests/unit/test_defrag_operator.py::"
 ROOM_TESTS = "tests/unit/test_return_rooms.py::"
+GRACE = "tests/unit/test_checkpoint_grace.py::"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (
@@ -52,6 +54,12 @@ SAFETY = {
     # A room is taken only where it still is a valid placement (never over-booked).
     ROOMS: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
     REGROW: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
+    # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
+    TRAINING: (
+        GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
+        GRACE + "test_a_preemption_whose_preemptor_still_waits_goes_ahead",
+        GRACE + "test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_the_cycle",
+    ),
 }
 """The module's property tests of the safety invariants: a mutant must still pass them, so that it
 makes plans that are valid but worse (the rule removed), not plans that are broken."""
@@ -462,6 +470,14 @@ MUTANTS = [
         "plan = take_return_room(cyc, view.uid, request)",
         "plan = take_return_room(cyc, view.uid, None)",
         MOVES + "test_given_back_replicas_grow_back_onto_their_room[False]",
+    ),
+    # checkpoint requests
+    Mutant(
+        "a called-off eviction another plan needs is taken over, not asked again",
+        TRAINING,
+        "    if called_off is not None:",
+        "    if False:",
+        GRACE + "test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_again",
     ),
 ]
 

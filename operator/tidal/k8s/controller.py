@@ -32,12 +32,14 @@ from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
 from tidal.k8s.training import (
+    EVICTIONS_STARTED,
     allocations,
     domain_held_nodes,
     holds_gpus,
     pods_ready_due,
     prune_domains,
     reconcile_placed,
+    tell_called_off,
 )
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.k8s.write import Applied, apply_actions
@@ -379,6 +381,7 @@ class Controller:
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)
         expand_elastic(cyc, statuses, self.settings.rebalance, pools_waiting)
+        tell_called_off(cyc, statuses)  # after every plan that might have taken one over
         free_untaken_rooms(cyc)
         self.holds = cyc.holds
         decided = time.monotonic()
@@ -393,7 +396,7 @@ class Controller:
         supernodes_written = time.monotonic()
         self.nudger.nudge(self.api, chain(cache.jobs.values(), cache.pools.values(), cache.supernodes.values()))
         self.keeper.end_cycle()
-        self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith("checkpoint_requests:"))
+        self.evictions_started += sum(n for k, n in cyc.counters.items() if k.startswith(EVICTIONS_STARTED))
         for uid in [u for u in self.pending_memo if u not in statuses]:
             del self.pending_memo[uid]
         for uid in [u for u in self._settled if u not in statuses]:

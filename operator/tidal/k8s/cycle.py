@@ -128,6 +128,10 @@ class Cycle:
     return_rooms: dict[str, Any] = field(default_factory=dict)
     """Job uid -> the room a defragmentation mover was verified to fit into again, booked in this
     cycle's snapshot (k8s/return_rooms.py: ReturnRoom)."""
+    called_off: dict[str, Any] = field(default_factory=dict)
+    """Job uid -> an eviction called off this cycle (its preemptor no longer waits), not yet told
+    to the job: a later plan of this cycle that evicts the same job takes it over, checkpoint
+    request and all, instead of asking for a second checkpoint (k8s/training.py `CalledOff`)."""
     holds_mark: int = 0
     """Last cycle's holds as one number: a queued job is tried again when they change (one that
     gave up for a hold's nodes or quota share may fit once it is gone)."""

@@ -772,6 +772,10 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
 # -- checkpoint-first eviction ------------------------------------------------------------------
 
 
+EVICTIONS_STARTED = ("checkpoint_requests:", "evictions_taken_over:")
+"""Prefixes of the cycle counters of evictions started (or taken over, and so going ahead after all)."""
+
+
 def start_eviction(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], *, reason: str, by: str, replicas: list[int]
 ) -> dict[str, Any]:
@@ -786,6 +790,9 @@ def start_eviction(
     """
     if status.get("eviction"):
         return status
+    called_off = cyc.called_off.pop(view.uid, None)
+    if called_off is not None:
+        return _take_over(cyc, view, status, called_off, reason=reason, by=by, replicas=replicas)
     grace = _grace_seconds(view)
     requested = cyc.stamp
     what = f"replicas {replicas}" if replicas else "the whole job"
@@ -806,6 +813,68 @@ def start_eviction(
             status.get("conditions", []), "CheckpointRequested", True, reason, f"{reason} by {by}", requested
         ),
     }
+
+
+@dataclass(frozen=True)
+class CalledOff:
+    """An eviction whose preemptor no longer waits, called off in this cycle's reconcile: the job
+    is a running gang again for every plan after it, but it is told (event, cancel annotation)
+    only at the end of the cycle, if no plan took the eviction over (`tell_called_off`)."""
+
+    view: ResourceView
+    pods: dict[str, PodView]
+    eviction: dict[str, Any]
+    conditions: list[dict[str, Any]]
+    """The job's conditions before the call-off (CheckpointRequested still True)."""
+    message: str
+
+
+def _take_over(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    called_off: CalledOff,
+    *,
+    reason: str,
+    by: str,
+    replicas: list[int],
+) -> dict[str, Any]:
+    """A plan evicts a job whose eviction was called off earlier in this cycle: the checkpoint
+    request already sent stands (its requestedAt, askedAt and deadline), so a checkpoint the job
+    made or is making for it counts, rather than a second request that would make it save again."""
+    old = called_off.eviction
+    what = f"replicas {replicas}" if replicas else "the whole job"
+    cyc.event(
+        view,
+        "CheckpointRequestTakenOver",
+        f"{reason} by {by}: evicting {what} on the checkpoint request already sent for {old['reason']} by "
+        f"{old['by']} ({called_off.message}); no second checkpoint asked",
+    )
+    cyc.count(f"evictions_taken_over:{reason}")
+    kept = {k: old[k] for k in ("requestedAt", "askedAt", "deadline") if k in old}
+    before = [c for c in called_off.conditions if c.get("type") == "CheckpointRequested"]
+    conditions = [c for c in status.get("conditions", []) if c.get("type") != "CheckpointRequested"] + before
+    return {
+        **status,
+        "eviction": {**kept, "reason": reason, "by": by, "replicas": replicas},
+        "conditions": set_condition(
+            conditions, "CheckpointRequested", True, reason, f"{reason} by {by}", old["requestedAt"]
+        ),
+    }
+
+
+def tell_called_off(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> None:
+    """The evictions called off this cycle that no plan took over: the job and its pods learn it
+    stands down (keep training at this size). Run after every plan of the cycle."""
+    for uid, called_off in cyc.called_off.items():
+        view, eviction = called_off.view, called_off.eviction
+        if (statuses.get(uid, (view, {}))[1].get("eviction") or {}).get("requestedAt") == eviction["requestedAt"]:
+            continue  # its reconcile failed after the call-off: nothing of it was written
+        message = f"{eviction['reason']} by {eviction['by']} called off: {called_off.message}; nothing evicted"
+        cyc.event(view, "EvictionCancelled", message)
+        _annotate_job_and_pods(cyc, view, called_off.pods, labels.CHECKPOINT_CANCELLED, eviction["requestedAt"])
+        cyc.count(f"evictions_cancelled:{eviction['reason']}")
+    cyc.called_off.clear()
 
 
 def _grace_seconds(view: ResourceView) -> int:
@@ -910,10 +979,8 @@ def _continue_eviction(
     unwanted = _no_longer_wanted(cyc, eviction)
     if unwanted:
         message = f"{eviction['reason']} by {eviction['by']} called off: {unwanted}; nothing evicted"
-        cyc.event(view, "EvictionCancelled", message)
-        # The trainer that saw the request learns it stands down: keep training at this size.
-        _annotate_job_and_pods(cyc, view, pods, labels.CHECKPOINT_CANCELLED, eviction["requestedAt"])
-        cyc.count(f"evictions_cancelled:{eviction['reason']}")
+        # Told at the end of the cycle (`tell_called_off`), unless a plan of this cycle takes it over.
+        cyc.called_off[view.uid] = CalledOff(view, pods, eviction, status.get("conditions", []), unwanted)
         conditions = set_condition(
             status.get("conditions", []), "CheckpointRequested", False, "Cancelled", message, cyc.stamp
         )
