@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import Counter
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
 
 from tidal.clock import FixedClock
-from tidal.k8s import compact
+from tidal.k8s import compact, training
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.rebalancing import RebalanceSettings
+from tidal.k8s.return_rooms import ReturnRoom
 from tidal.k8s.taints import Taint
 from tidal.metrics import Metrics
+from tidal.placement import GroupAssignment
 
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE, check_sound, run
@@ -358,3 +362,103 @@ def test_a_room_on_tainted_nodes_the_mover_tolerates_is_kept_from_others_who_do(
     run(cluster, controller, cycles=4)
     assert cluster.status("TrainingJob", "ml", mover)["placement"] == room
     check_sound(cluster)
+
+
+def _on_node(cluster: FakeCluster, controller: Controller, node: str, name: str, spec: dict) -> None:
+    """Add a job and run it on exactly `node`: every other node tainted while it is placed."""
+    views = dict(cluster.nodes)
+    for n, view in views.items():
+        cluster.nodes[n] = (
+            view if n == node else dataclasses.replace(view, taints=(Taint("elsewhere", "", "NoSchedule"),))
+        )
+    cluster.add("TrainingJob", "ml", name, spec)
+    run(cluster, controller)
+    cluster.nodes.update(views)
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", name)["phase"] == "Running", name
+
+
+def _one_pod(gpus: int, groups: int = 1, **extra) -> dict:
+    return {"tp": gpus, "ep": 1, "pp": 1, "dp": groups, "gpusPerPod": gpus, "template": TEMPLATE, **extra}
+
+
+def test_a_mover_done_first_waits_for_the_mover_still_on_its_way_back():
+    """Pods smaller than a node, two movers: 8-GPU servers (each its own supernode), a gang of two
+    4-GPU groups, and free GPUs scattered 1 or 2 per server. m1 (6 GPUs) leaves n0 for the one
+    server only it tolerates; m2 (2 GPUs) leaves n7, and its way back is the 2 GPUs of n0 that the
+    gang leaves, which m1 still uses. m2's checkpoint ends first: it keeps running until m1 has
+    gone, then goes back exactly there. Evicted at once (before), it found its room not yet free,
+    was queued like any job, and a job that arrived before it took those GPUs when m1 left."""
+    cluster = FakeCluster("hgx8", 9)
+    cluster.add_priority_class("prio-1", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC))
+    controller = Controller(cluster, clock, ControllerSettings())
+    n = sorted(cluster.nodes)
+    mover = {"preemptible": True, "priorityClassName": "prio-1"}
+    _on_node(cluster, controller, n[0], "f0", _one_pod(2))
+    _on_node(cluster, controller, n[0], "m1", _one_pod(6, **mover, template=TOLERANT))
+    for i in range(1, 7):
+        _on_node(cluster, controller, n[i], f"f{i}", _one_pod(7))
+    _on_node(cluster, controller, n[7], "f7", _one_pod(4))
+    _on_node(cluster, controller, n[7], "m2", _one_pod(2, **mover))
+    _on_node(cluster, controller, n[8], "f8", _one_pod(2))
+    cluster.nodes[n[8]] = dataclasses.replace(cluster.nodes[n[8]], taints=(Taint("dedicated", "m1", "NoSchedule"),))
+    cluster.add("TrainingJob", "ml", "gang", _one_pod(4, groups=2, priorityClassName="prio-1"))
+    run(cluster, controller, cycles=2)
+    rooms = {m: compact.decode(cluster.status("TrainingJob", "ml", m)["eviction"]["returnTo"]) for m in ("m1", "m2")}
+    assert [g["nodes"] for g in rooms["m1"]] == [[n[8]]] and [g["nodes"] for g in rooms["m2"]] == [[n[0]]]
+    cluster.add("TrainingJob", "ml", "late", _one_pod(2, priorityClassName="prio-1"))
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "ml", "late")["phase"] == "Pending"
+
+    clock.advance(seconds=30)
+    _checkpoint_done(cluster, "m2")
+    run(cluster, controller, cycles=2)
+    m2 = cluster.status("TrainingJob", "ml", "m2")
+    assert m2["phase"] == "Running" and m2.get("eviction") and len(cluster.pods_of("tidal.dev/job", "m2")) == 1
+    requested = next(c for c in m2["conditions"] if c["type"] == "CheckpointRequested")
+    assert "ml/m1" in requested["message"] and "way back" in requested["message"], requested
+    assert [r for v, (name, r, _) in _events(cluster) if name == "m2"].count("AwaitingWayBack") == 1
+
+    clock.advance(seconds=30)
+    _checkpoint_done(cluster, "m1")
+    run(cluster, controller, cycles=4)
+    for job in ("m1", "m2"):
+        st = cluster.status("TrainingJob", "ml", job)
+        assert st["phase"] == "Running" and st["placement"] == rooms[job], (job, st)
+        assert any(r == "DefragmentationReturn" and name == job for v, (name, r, _) in _events(cluster))
+    assert cluster.status("TrainingJob", "ml", "gang")["phase"] == "Running"
+    assert cluster.status("TrainingJob", "ml", "late")["phase"] == "Pending"
+    used: dict[str, int] = {}
+    for pod in cluster.pods.values():
+        node = pod["spec"].get("nodeName")
+        used[node] = used.get(node, 0) + int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
+    assert all(gpus <= 8 for gpus in used.values()), used
+
+
+@pytest.mark.parametrize(
+    ("holder", "waited_for"), [("checkpointing", True), ("done", False), ("past its grace period", False)]
+)
+def test_a_mover_waits_only_for_leaving_work_that_does_not_leave_in_this_cycle(holder: str, waited_for: bool):
+    """m2's way back lies on n0, which m1 (being moved too) still uses. m2 waits for m1 while m1
+    still checkpoints; not once m1's checkpoint is done or its grace period over, as m1 then
+    leaves in this cycle's reconciles, before admission places m2 (and two movers on each other's
+    way back do not wait for each other until their deadlines)."""
+    cluster = FakeCluster("hgx8", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, 12, 1, tzinfo=dt.UTC))
+    controller = Controller(cluster, clock, ControllerSettings())
+    (n0,) = cluster.nodes
+    requested = "2026-05-01T12:00:00Z"
+    deadline = "2026-05-01T12:00:30Z" if holder == "past its grace period" else "2026-05-01T12:05:00Z"
+    cluster.add("TrainingJob", "ml", "m1", _one_pod(6))
+    eviction = {"reason": "Defragmented", "by": "ml/gang (x)", "requestedAt": requested, "deadline": deadline}
+    placement = [{"group": 0, "supernode": "hgx8-0000", "nodes": [n0]}]
+    cluster.patch_status("TrainingJob", "ml", "m1", {"phase": "Running", "placement": placement, "eviction": eviction})
+    if holder == "done":
+        cluster.annotate("TrainingJob", "ml", "m1", {"tidal.dev/checkpoint-done": requested})
+    m2 = cluster.add("TrainingJob", "ml", "m2", _one_pod(2))
+    room = ReturnRoom((GroupAssignment(0, "hgx8-0000", (n0,)),), Counter({n0: 2}))
+    cyc = SimpleNamespace(state=cluster.state(), writer=controller.writer, return_rooms={m2.uid: room}, now=clock.now())
+    assert training._way_back_held_by(cyc, m2) == (["ml/m1"] if waited_for else [])
+    room.booked[n0] = 2
+    assert training._way_back_held_by(cyc, m2) == [], "all of the room booked: nothing to wait for"

@@ -479,6 +479,20 @@ MUTANTS = [
         "    if False:",
         GRACE + "test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_again",
     ),
+    Mutant(
+        "a mover done first waits for the leaving work still on its way back",
+        TRAINING,
+        "        if held_by:",
+        "        if False:",
+        MOVES + "test_a_mover_done_first_waits_for_the_mover_still_on_its_way_back",
+    ),
+    Mutant(
+        "a mover does not wait for a holder whose checkpoint is done",
+        TRAINING,
+        '        if checkpoint_done(other, eviction.get("requestedAt") or "") or cyc.now >= (',
+        '        if False and checkpoint_done(other, eviction.get("requestedAt") or "") or cyc.now >= (',
+        MOVES + "test_a_mover_waits_only_for_leaving_work_that_does_not_leave_in_this_cycle[done-False]",
+    ),
 ]
 
 

@@ -995,6 +995,10 @@ def _continue_eviction(
     expired = cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
     if not (done or expired or broken or exited):
         return status
+    if done and not (expired or broken or exited):
+        held_by = _way_back_held_by(cyc, view)
+        if held_by:
+            return _awaiting_way_back(cyc, view, status, held_by)
     waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
     cyc.checkpoint_waits.append(waited)
     if done:
@@ -1047,6 +1051,56 @@ def _continue_eviction(
         "evictionHistory": history,
         "conditions": set_condition(conditions, "Running", False, eviction["reason"], message, cyc.stamp),
     }
+
+
+def _way_back_held_by(cyc: Cycle, view: ResourceView) -> list[str]:
+    """Other jobs being evicted, still checkpointing, that hold GPUs of this defragmentation
+    mover's room (its way back, k8s/return_rooms.py): the part of a room not yet booked, as its
+    GPUs are not yet free. Empty when the job has no room or all of it is booked. A holder whose
+    checkpoint is done, or whose grace period is over, leaves in this cycle's reconciles, before
+    the room is taken in admission: not waited for, so two movers on each other's way back both go."""
+    room = cyc.return_rooms.get(view.uid)
+    if room is None:
+        return []
+    short = {node for node, gpus in room.wanted.items() if room.booked[node] < gpus}
+    if not short:
+        return []
+    holders = []
+    for other in cyc.state.jobs.values():
+        status = cyc.writer.effective(other)
+        eviction = status.get("eviction")
+        if other.uid == view.uid or not eviction or not holds_gpus(status):
+            continue
+        if checkpoint_done(other, eviction.get("requestedAt") or "") or cyc.now >= (
+            parse_time(eviction.get("deadline")) or cyc.now
+        ):
+            continue
+        leaving = groups_of_replicas(shape_of(other, status), status["placement"], eviction.get("replicas") or [])
+        if any(node in short for group in leaving for node in group["nodes"]):
+            holders.append(other.ref)
+    return sorted(holders)
+
+
+def _awaiting_way_back(cyc: Cycle, view: ResourceView, status: dict[str, Any], held_by: list[str]) -> dict[str, Any]:
+    """A mover whose checkpoint is done while its room still lies under other leaving work (pods
+    smaller than a node, several movers: the way back of the first to finish may be on a node the
+    last one still uses) keeps running until that work has gone, at most until its grace period
+    ends. Evicted now, it would find its room not yet free and be planned like any queued job,
+    its room lost; it keeps its GPUs meanwhile, which only the gang it moves for wants, and that
+    gang waits for the other movers anyway."""
+    eviction = status["eviction"]
+    message = (
+        f"checkpoint done; evicted once its way back, on GPUs {', '.join(held_by)} still use(s) while "
+        f"leaving too, is free (at the latest at {eviction.get('deadline')})"
+    )
+    requested = condition(status.get("conditions", []), "CheckpointRequested")
+    if requested is not None and requested.get("message") == message:
+        return status
+    cyc.event(view, "AwaitingWayBack", message)
+    conditions = set_condition(
+        status.get("conditions", []), "CheckpointRequested", True, eviction["reason"], message, cyc.stamp
+    )
+    return {**status, "conditions": conditions}
 
 
 HISTORY_WINDOW = dt.timedelta(hours=1)
