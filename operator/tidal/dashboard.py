@@ -101,6 +101,13 @@ PANELS: tuple[PanelSpec, ...] = (
         ),
         description="Free accelerators no pending group size can use, and checkpoint-first moves that defragment.",
     ),
+    PanelSpec(
+        "Checkpoint-first evictions by outcome",
+        "timeseries",
+        (("sum by (outcome) (increase(tidal_evictions_total[15m]))", "{{outcome}}"),),
+        description="Per 15m: evictions done whole or as shrinks, called off before any pod went, or taken over "
+        "by another plan on the checkpoint request already sent.",
+    ),
     PanelSpec("HBD violations (must be 0)", "stat", (("sum(tidal_hbd_violations_total)", "violations"),)),
     PanelSpec("Over-booked GPUs (must be 0)", "stat", (("sum(tidal_overbooked_gpus)", "over-booked"),)),
 )

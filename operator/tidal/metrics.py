@@ -36,6 +36,8 @@ MOVES = (
     ("to-training", "scale-down"),
     ("to-training", "expand"),
 )
+EVICTION_REASONS = ("Preempted", "Defragmented", "Rebalanced", "Suspended")
+EVICTION_OUTCOMES = ("whole", "shrink", "cancelled", "taken_over")
 PENDING_REASONS = (
     "InsufficientFreeCapacity",
     "WaitingForPreemption",
@@ -88,7 +90,17 @@ class Metrics:
             "Gangs (or elastic DP replicas) moved checkpoint-first so a fragmentation-blocked gang fits",
             registry=r,
         )
+        self.evictions = PromCounter(
+            "tidal_evictions_total",
+            "Checkpoint-first evictions by how they ended: whole, shrink, cancelled (called off before any "
+            "pod went) or taken_over (called off, then taken over by another plan on the same request)",
+            ["reason", "outcome"],
+            registry=r,
+        )
         # Every known series exists from the start, so dashboards and alerts see 0, not "no data".
+        for reason in EVICTION_REASONS:
+            for outcome in EVICTION_OUTCOMES:
+                self.evictions.labels(reason=reason, outcome=outcome)
         for direction, reason in MOVES:
             self.rebalance_moves.labels(direction=direction, reason=reason)
         self.preemptions.labels(reason="priority")
@@ -122,6 +134,12 @@ class Metrics:
                 self.restarts.inc(n)
             elif key == "defrag_moves":
                 self.defrag_moves.inc(n)
+            elif key.startswith("evictions:"):
+                _, reason, how = key.split(":", 2)
+                self.evictions.labels(reason=reason, outcome=how).inc(n)
+            elif key.startswith(("evictions_cancelled:", "evictions_taken_over:")):
+                kind, reason = key.split(":", 1)
+                self.evictions.labels(reason=reason, outcome=kind.removeprefix("evictions_")).inc(n)
             elif key.startswith("moves:"):
                 _, direction, reason = key.split(":", 2)
                 self.rebalance_moves.labels(direction=direction, reason=reason).inc(n)

@@ -11,8 +11,10 @@ import pytest
 from tidal.clock import FixedClock, parse_time
 from tidal.k8s import training
 from tidal.k8s.controller import Controller
+from tidal.metrics import Metrics
 
 from .fake_cluster import FakeCluster
+from .test_metrics import scrape
 from .test_rebalance import TEMPLATE, run
 
 BASE = {"tp": 4, "ep": 4, "pp": 1, "gpusPerPod": 4, "template": TEMPLATE}
@@ -176,6 +178,8 @@ def test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_agai
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
     controller = preempting(cluster, clock)
+    metrics = Metrics()
+    metrics.attach(controller)
     cluster.add_priority_class("mid", 50)
     cluster.add("TrainingJob", "ml", "mid", {**BASE, "dp": 1, "priorityClassName": "mid"})
     run(cluster, controller, cycles=1)
@@ -209,12 +213,18 @@ def test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_agai
     assert "Preempted by ml/mid" in preempted_message(cluster) and "after checkpoint-done" in preempted_message(cluster)
     run(cluster, controller, cycles=2)
     assert cluster.status("TrainingJob", "ml", "mid")["phase"] == "Running"
+    counted = scrape(metrics)
+    assert counted['tidal_evictions_total{outcome="taken_over",reason="Preempted"}'] == 1
+    assert counted['tidal_evictions_total{outcome="cancelled",reason="Preempted"}'] == 0
+    assert counted['tidal_evictions_total{outcome="whole",reason="Preempted"}'] == 1
 
 
 def test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_the_cycle():
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
     controller = preempting(cluster, clock)
+    metrics = Metrics()
+    metrics.attach(controller)
     run(cluster, controller, cycles=1)
     requested_at = cluster.status("TrainingJob", "ml", "low")["eviction"]["requestedAt"]
     del cluster.objects[("TrainingJob", "ml", "high")]
@@ -224,6 +234,9 @@ def test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_th
     assert len(cancelled) == 1 and "ml/high is gone" in cancelled[0][2], cancelled
     annotations = [p["metadata"].get("annotations") or {} for p in low_pods(cluster)]
     assert annotations and all(a.get("tidal.dev/checkpoint-cancelled") == requested_at for a in annotations)
+    counted = scrape(metrics)
+    assert counted['tidal_evictions_total{outcome="cancelled",reason="Preempted"}'] == 1
+    assert counted['tidal_evictions_total{outcome="taken_over",reason="Preempted"}'] == 0
 
 
 def test_a_preemption_is_called_off_when_a_finished_job_leaves_the_preemptor_room_elsewhere():

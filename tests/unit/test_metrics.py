@@ -31,6 +31,7 @@ NAMES = (
     "tidal_cycle_duration_seconds",
     "tidal_cycles_total",
     "tidal_pending_jobs",
+    "tidal_evictions_total",
 )
 
 
