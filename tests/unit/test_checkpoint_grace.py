@@ -198,6 +198,9 @@ def test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_agai
     }, "the request already sent, its grace period already running"
     reasons = [d[1] for v, d in cluster.calls if v == "event" and d[0] == "low"]
     assert reasons == ["CheckpointRequestTakenOver"], reasons
+    writes = [d for v, d in cluster.calls if v == "patch_status" and d == ("TrainingJob", "low")]
+    assert len(writes) == 1, "one status, never the called-off one the cycle passed through"
+    assert "tidal.dev/checkpoint-cancelled" not in cluster.get("TrainingJob", "ml", "low").annotations
     assert not any(
         "tidal.dev/checkpoint-cancelled" in (p["metadata"].get("annotations") or {}) for p in low_pods(cluster)
     )
@@ -233,10 +236,53 @@ def test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_th
     cancelled = [d for v, d in cluster.calls if v == "event" and d[0] == "low" and d[1] == "EvictionCancelled"]
     assert len(cancelled) == 1 and "ml/high is gone" in cancelled[0][2], cancelled
     annotations = [p["metadata"].get("annotations") or {} for p in low_pods(cluster)]
-    assert annotations and all(a.get("tidal.dev/checkpoint-cancelled") == requested_at for a in annotations)
+    annotations.append(cluster.get("TrainingJob", "ml", "low").annotations)
+    assert len(annotations) == 17 and all(a.get("tidal.dev/checkpoint-cancelled") == requested_at for a in annotations)
     counted = scrape(metrics)
     assert counted['tidal_evictions_total{outcome="cancelled",reason="Preempted"}'] == 1
     assert counted['tidal_evictions_total{outcome="taken_over",reason="Preempted"}'] == 0
+
+
+def test_a_job_suspended_while_its_preemption_is_called_off_keeps_the_request_for_the_suspension():
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = preempting(cluster, clock)
+    run(cluster, controller, cycles=1)
+    asked = cluster.status("TrainingJob", "ml", "low")["eviction"]
+    clock.advance(seconds=60)
+    del cluster.objects[("TrainingJob", "ml", "high")]
+    low = cluster.objects[("TrainingJob", "ml", "low")]
+    cluster.objects[("TrainingJob", "ml", "low")] = dataclasses.replace(
+        low, spec={**low.spec, "suspend": True}, generation=2
+    )
+    cluster.calls.clear()
+    run(cluster, controller, cycles=1)
+    eviction = cluster.status("TrainingJob", "ml", "low")["eviction"]
+    assert (eviction["reason"], eviction["requestedAt"]) == ("Suspended", asked["requestedAt"]), eviction
+    assert [d[1] for v, d in cluster.calls if v == "event" and d[0] == "low"] == ["CheckpointRequestTakenOver"]
+
+
+def test_a_call_off_whose_status_was_not_recorded_is_not_told():
+    """A reconcile that failed after calling an eviction off recorded nothing: the job still has
+    its eviction, and is not told to stand down (the next cycle decides again)."""
+    cluster = FakeCluster("nvl72", 1)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    preempting(cluster, clock)
+    view = cluster.get("TrainingJob", "ml", "low")
+    status = cluster.status("TrainingJob", "ml", "low")
+    called_off = training.CalledOff(view, {}, status["eviction"], status["conditions"], "ml/high is gone")
+    events: list[tuple] = []
+    cyc = types.SimpleNamespace(
+        called_off={view.uid: called_off},
+        event=lambda *a, **k: events.append(a),
+        annotate=lambda *a: events.append(a),
+        count=lambda *a: events.append(a),
+    )
+    training.tell_called_off(cyc, {view.uid: (view, status)})
+    assert not events and not cyc.called_off
+    cyc.called_off[view.uid] = called_off
+    training.tell_called_off(cyc, {view.uid: (view, {k: v for k, v in status.items() if k != "eviction"})})
+    assert [e[1] for e in events if len(e) == 3] == ["EvictionCancelled"], events
 
 
 def test_a_preemption_is_called_off_when_a_finished_job_leaves_the_preemptor_room_elsewhere():

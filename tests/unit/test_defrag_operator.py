@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from tidal.clock import FixedClock
 from tidal.k8s import compact, training
 from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.cycle import Hold
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.k8s.return_rooms import ReturnRoom
 from tidal.k8s.taints import Taint
@@ -437,28 +438,58 @@ def test_a_mover_done_first_waits_for_the_mover_still_on_its_way_back():
 
 
 @pytest.mark.parametrize(
-    ("holder", "waited_for"), [("checkpointing", True), ("done", False), ("past its grace period", False)]
+    ("holder", "waited_for"),
+    [
+        ("checkpointing", True),
+        ("done", False),
+        ("past its grace period", False),
+        ("not on the gang's nodes", False),
+        ("shrinking replicas elsewhere", False),
+        ("the room's node failed", False),
+        ("the gang holds nothing", False),
+    ],
 )
-def test_a_mover_waits_only_for_leaving_work_that_does_not_leave_in_this_cycle(holder: str, waited_for: bool):
-    """m2's way back lies on n0, which m1 (being moved too) still uses. m2 waits for m1 while m1
-    still checkpoints; not once m1's checkpoint is done or its grace period over, as m1 then
-    leaves in this cycle's reconciles, before admission places m2 (and two movers on each other's
-    way back do not wait for each other until their deadlines)."""
-    cluster = FakeCluster("hgx8", 1)
+def test_a_mover_waits_only_for_leaving_work_the_gang_waits_for_too(holder: str, waited_for: bool):
+    """m2's way back is 2 GPUs of n0, which m1 (being moved too) still uses. m2 waits for m1 only
+    while m1 still checkpoints (done, or past its grace period, m1 leaves in this cycle's
+    reconciles, before admission places m2), only if the gang waits for m1 too (m1 leaves GPUs of
+    the gang's held nodes: otherwise m2's wait would hold the gang up), and only for leaving
+    replicas on the room's nodes; not for a room already void (its node failed), nor while the
+    gang holds nothing (an operator restart)."""
+    cluster = FakeCluster("hgx8", 2)
     clock = FixedClock(dt.datetime(2026, 5, 1, 12, 1, tzinfo=dt.UTC))
     controller = Controller(cluster, clock, ControllerSettings())
-    (n0,) = cluster.nodes
+    n0, n1 = sorted(cluster.nodes)
     requested = "2026-05-01T12:00:00Z"
     deadline = "2026-05-01T12:00:30Z" if holder == "past its grace period" else "2026-05-01T12:05:00Z"
-    cluster.add("TrainingJob", "ml", "m1", _one_pod(6))
     eviction = {"reason": "Defragmented", "by": "ml/gang (x)", "requestedAt": requested, "deadline": deadline}
-    placement = [{"group": 0, "supernode": "hgx8-0000", "nodes": [n0]}]
+    if holder == "shrinking replicas elsewhere":  # replica 1 (on n1) leaves, replica 0 on n0 stays
+        cluster.add("TrainingJob", "ml", "m1", _one_pod(3, groups=2, elastic={"minDP": 1, "maxDP": 2}))
+        placement = [
+            {"group": 0, "supernode": "hgx8-0000", "nodes": [n0]},
+            {"group": 1, "supernode": "hgx8-0001", "nodes": [n1]},
+        ]
+        eviction["replicas"] = [1]
+    else:
+        cluster.add("TrainingJob", "ml", "m1", _one_pod(6))
+        placement = [{"group": 0, "supernode": "hgx8-0000", "nodes": [n0]}]
     cluster.patch_status("TrainingJob", "ml", "m1", {"phase": "Running", "placement": placement, "eviction": eviction})
     if holder == "done":
         cluster.annotate("TrainingJob", "ml", "m1", {"tidal.dev/checkpoint-done": requested})
+    gang = cluster.add("TrainingJob", "ml", "gang", _one_pod(4, groups=2))
     m2 = cluster.add("TrainingJob", "ml", "m2", _one_pod(2))
     room = ReturnRoom((GroupAssignment(0, "hgx8-0000", (n0,)),), Counter({n0: 2}))
-    cyc = SimpleNamespace(state=cluster.state(), writer=controller.writer, return_rooms={m2.uid: room}, now=clock.now())
-    assert training._way_back_held_by(cyc, m2) == (["ml/m1"] if waited_for else [])
-    room.booked[n0] = 2
-    assert training._way_back_held_by(cyc, m2) == [], "all of the room booked: nothing to wait for"
+    held = {n1} if holder == "not on the gang's nodes" else {n0, n1}
+    holds = {} if holder == "the gang holds nothing" else {gang.uid: Hold(1, frozenset(held))}
+    nodes = {n: SimpleNamespace(ready=not (holder == "the room's node failed" and n == n0)) for n in (n0, n1)}
+    cyc = SimpleNamespace(
+        state=cluster.state(),
+        writer=controller.writer,
+        return_rooms={m2.uid: room},
+        now=clock.now(),
+        snapshot=SimpleNamespace(nodes=nodes),
+        held_before=holds,
+        scratch={},
+    )
+    mover = {"by": "ml/gang (defragmentation: 2 group(s) of 4 GPUs blocked by scattered free GPUs)"}
+    assert training._way_back_held_by(cyc, m2, mover) == (["ml/m1"] if waited_for else []), holder

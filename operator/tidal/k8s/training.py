@@ -142,7 +142,11 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
         # its last checkpoint and exits.
         phases = _phases(cyc, pods, expected)
         exited = len(phases) == len(expected) and all(p == "Succeeded" for p in phases)
-        return _continue_eviction(cyc, view, status, pods, broken, exited)
+        new = _continue_eviction(cyc, view, status, pods, broken, exited)
+        if view.spec.get("suspend") and view.uid in cyc.called_off:
+            # Suspended meanwhile: the request already sent stands for the suspension.
+            return start_eviction(cyc, view, new, reason="Suspended", by="spec.suspend", replicas=[])
+        return new
     if view.spec.get("suspend"):
         return start_eviction(cyc, view, status, reason="Suspended", by="spec.suspend", replicas=[])
 
@@ -850,7 +854,7 @@ def _take_over(
         f"{reason} by {by}: evicting {what} on the checkpoint request already sent for {old['reason']} by "
         f"{old['by']} ({called_off.message}); no second checkpoint asked",
     )
-    cyc.count(f"evictions_taken_over:{reason}")
+    cyc.count(f"evictions_taken_over:{old['reason']}")  # how the called-off eviction ended
     kept = {k: old[k] for k in ("requestedAt", "askedAt", "deadline") if k in old}
     before = [c for c in called_off.conditions if c.get("type") == "CheckpointRequested"]
     conditions = [c for c in status.get("conditions", []) if c.get("type") != "CheckpointRequested"] + before
@@ -996,10 +1000,13 @@ def _continue_eviction(
     if not (done or expired or broken or exited):
         return status
     if done and not (expired or broken or exited):
-        held_by = _way_back_held_by(cyc, view)
+        held_by = _way_back_held_by(cyc, view, eviction)
         if held_by:
             return _awaiting_way_back(cyc, view, status, held_by)
-    waited = (cyc.now - (parse_time(eviction["requestedAt"]) or cyc.now)).total_seconds()
+    # Up to checkpoint-done when it came: a wait for the way back (`_awaiting_way_back`) is no checkpoint's.
+    finished = parse_time(view.annotations.get(labels.CHECKPOINT_DONE)) if done else None
+    ended = min(cyc.now, finished) if finished is not None else cyc.now
+    waited = max((ended - (parse_time(eviction["requestedAt"]) or ended)).total_seconds(), 0.0)
     cyc.checkpoint_waits.append(waited)
     if done:
         how = "after checkpoint-done"
@@ -1053,32 +1060,54 @@ def _continue_eviction(
     }
 
 
-def _way_back_held_by(cyc: Cycle, view: ResourceView) -> list[str]:
-    """Other jobs being evicted, still checkpointing, that hold GPUs of this defragmentation
-    mover's room (its way back, k8s/return_rooms.py): the part of a room not yet booked, as its
-    GPUs are not yet free. Empty when the job has no room or all of it is booked. A holder whose
-    checkpoint is done, or whose grace period is over, leaves in this cycle's reconciles, before
-    the room is taken in admission: not waited for, so two movers on each other's way back both go."""
+def _way_back_held_by(cyc: Cycle, view: ResourceView, eviction: dict[str, Any]) -> list[str]:
+    """Other jobs being evicted that this defragmentation mover waits for: they still hold GPUs of
+    its room (its way back, k8s/return_rooms.py: the part not yet booked, as its GPUs are not yet
+    free), and the gang it moves for waits for them too (they leave GPUs of the gang's held nodes),
+    so waiting costs the gang nothing. Empty when the job has no room, all of it is booked, a node
+    of it failed or is gone (planned afresh anyway), or the gang holds nothing (after an operator
+    restart, until it is planned again)."""
     room = cyc.return_rooms.get(view.uid)
     if room is None:
         return []
     short = {node for node, gpus in room.wanted.items() if room.booked[node] < gpus}
-    if not short:
+    nodes = cyc.snapshot.nodes
+    if not short or any(nodes.get(n) is None or not nodes[n].ready for n in room.wanted):
         return []
-    holders = []
-    for other in cyc.state.jobs.values():
-        status = cyc.writer.effective(other)
+    namespace, _, name = (eviction.get("by") or "").partition(" ")[0].partition("/")
+    gang = cyc.state.jobs.get((namespace, name))
+    hold = cyc.held_before.get(gang.uid) if gang is not None else None
+    if hold is None:
+        return []
+    return sorted(
+        ref
+        for ref, leaving in _leaving_nodes(cyc).items()
+        if ref != view.ref and not leaving.isdisjoint(short) and not leaving.isdisjoint(hold.nodes)
+    )
+
+
+def _leaving_nodes(cyc: Cycle) -> dict[str, frozenset[str]]:
+    """Job -> the nodes its eviction under way leaves, for evictions that do not end in this cycle
+    as the cycle began (built once a cycle, when a mover first asks). A holder whose checkpoint is
+    done, or whose grace period is over, leaves in this cycle's reconciles, before the room is
+    taken in admission: not waited for, so two movers on each other's way back both go."""
+    cached = cyc.scratch.get("leaving_nodes")
+    if cached is not None:
+        return cached
+    out = {}
+    for job in cyc.state.jobs.values():
+        status = cyc.writer.effective(job)
         eviction = status.get("eviction")
-        if other.uid == view.uid or not eviction or not holds_gpus(status):
+        if not eviction or not holds_gpus(status):
             continue
-        if checkpoint_done(other, eviction.get("requestedAt") or "") or cyc.now >= (
+        if checkpoint_done(job, eviction.get("requestedAt") or "") or cyc.now >= (
             parse_time(eviction.get("deadline")) or cyc.now
         ):
             continue
-        leaving = groups_of_replicas(shape_of(other, status), status["placement"], eviction.get("replicas") or [])
-        if any(node in short for group in leaving for node in group["nodes"]):
-            holders.append(other.ref)
-    return sorted(holders)
+        groups = groups_of_replicas(shape_of(job, status), status["placement"], eviction.get("replicas") or [])
+        out[job.ref] = frozenset(node for group in groups for node in group["nodes"])
+    cyc.scratch["leaving_nodes"] = out
+    return out
 
 
 def _awaiting_way_back(cyc: Cycle, view: ResourceView, status: dict[str, Any], held_by: list[str]) -> dict[str, Any]:

@@ -87,18 +87,16 @@ def apply_actions(
 
         return within_budget
 
-    by_object: dict[tuple[str, str | None, str], list[tuple[ResourceView, dict[str, Any]]]] = {}
+    # The last status decided for each object only: a later one was decided on top of the earlier
+    # ones and a write is a whole status (keys it lacks are removed), so it carries them. Sent one
+    # by one, an earlier one could land and the last fail, leaving a state the cycle passed through
+    # (a checkpoint request called off, then taken over) as the object's status.
+    by_object: dict[tuple[str, str | None, str], tuple[ResourceView, dict[str, Any]]] = {}
     for view, status in plan.statuses:
-        by_object.setdefault((view.kind, view.namespace, view.name), []).append((view, status))
+        by_object[(view.kind, view.namespace, view.name)] = (view, status)
     write_status = guarded(lambda s: writer.write(*s), "write_status")
-
-    def in_order(writes: list[tuple[ResourceView, dict[str, Any]]]) -> bool:
-        # A later write of an object was decided on top of its earlier one: with that one refused
-        # (say, another writer changed the status), the later one must not be sent either.
-        return all(write_status(w) for w in writes)
-
-    # Objects in parallel: one whose writes hang costs the cycle one request timeout, not one each.
-    written = api.parallel(in_order, list(by_object.values()))
+    # Objects in parallel: one whose write hangs costs the cycle one request timeout, not one each.
+    written = api.parallel(lambda w: bool(write_status(w)), list(by_object.values()))
     applied.failed_statuses |= {key for key, ok in zip(by_object, written, strict=True) if not ok}
     send_event = guarded(lambda e: api.event(*e), "event")
     for view, reason, message, warning in plan.events:
