@@ -132,3 +132,38 @@ def test_namespace_gpu_quota_is_enforced_for_the_whole_gang_before_any_pod(
     wait_phase(kube, namespace, "second", "Running", timeout=90)
     assert len(pods_of(kube, namespace, "second")) == 8
     assert_gangs_sound(kube)
+
+
+def test_a_job_over_its_namespaces_quota_preempts_its_namespaces_lower_work_checkpoint_first(
+    kube: Kube, running_operator: OperatorProcess, namespace: str
+):
+    """The real API server enforces the quota: had tidal made the high job's pods before the low
+    job's were gone, the API server would have refused some of them (a half-made gang)."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpus", "namespace": namespace},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "80"}},
+        }
+    )
+    low = job("low", tp=4, ep=16, pp=1, dp=1, priorityClassName="tidal-batch", preemptible=True)
+    low["spec"]["checkpoint"] = {"gracePeriodSeconds": 600}
+    submit(kube, namespace, low)
+    wait_phase(kube, namespace, "low", "Running")
+    submit(kube, namespace, job("high", tp=4, ep=4, pp=1, dp=2, priorityClassName="tidal-training"))
+    eviction = eventually(
+        lambda: status(kube, namespace, "low").get("eviction"), timeout=30, what="low asked to checkpoint"
+    )
+    assert eviction["by"] == f"{namespace}/high (priority 100, over the quota of {namespace})", eviction
+    st = status(kube, namespace, "high")
+    assert st["phase"] == "Pending" and st["reason"].startswith("waiting for 1 preempted job(s)"), st
+    assert pods_of(kube, namespace, "high") == [], "nothing made while the quota is still in use"
+    kube.run("annotate", "-n", namespace, "trainingjob", "low", f"tidal.dev/checkpoint-done={eviction['requestedAt']}")
+    wait_phase(kube, namespace, "high", "Running", timeout=120)
+    assert len(pods_of(kube, namespace, "high")) == 8
+    low_status = status(kube, namespace, "low")
+    cond = {c["type"]: c for c in low_status["conditions"]}["Schedulable"]
+    assert (low_status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), low_status
+    assert pods_of(kube, namespace, "low") == []
+    assert_gangs_sound(kube)

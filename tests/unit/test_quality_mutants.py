@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 GANG = "placement/gang.py"
 PREEMPTION = "placement/preemption.py"
 DEFRAG = "placement/defrag.py"
+QUOTA = "placement/quota_eviction.py"
 ROOMS = "k8s/return_rooms.py"
 REGROW = "k8s/rebalancing.py"
 TRAINING = "k8s/training.py"
@@ -40,6 +41,7 @@ DEFRAGS = "tests/unit/test_defrag.py::"
 MOVES = "tests/unit/test_defrag_operator.py::"
 ROOM_TESTS = "tests/unit/test_return_rooms.py::"
 GRACE = "tests/unit/test_checkpoint_grace.py::"
+QUOTA_TESTS = "tests/unit/test_quota_eviction.py::"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (
@@ -54,6 +56,8 @@ SAFETY = {
     # A room is taken only where it still is a valid placement (never over-booked).
     ROOMS: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
     REGROW: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
+    # Never a victim twice, never more than the candidates, None when they cannot cover it.
+    QUOTA: (QUOTA_TESTS + "test_nothing_short_evicts_nothing_and_too_little_is_none",),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
     TRAINING: (
         GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
@@ -471,6 +475,28 @@ MUTANTS = [
         "plan = take_return_room(cyc, view.uid, None)",
         MOVES + "test_given_back_replicas_grow_back_onto_their_room[False]",
     ),
+    # preemption within a namespace's quota
+    Mutant(
+        "quota victims: the fewest GPUs before the fewest victims",
+        QUOTA,
+        "key=lambda item: (item[0], item[1][0], item[1][1])",
+        "key=lambda item: (item[1][0], item[0], item[1][1])",
+        QUOTA_TESTS + "test_the_fewest_gpus_win_over_the_lowest_priority",
+    ),
+    Mutant(
+        "quota victims: an elastic gang shrinks rather than goes whole",
+        QUOTA,
+        "    if gang.min_replicas is not None:",
+        "    if False:",
+        QUOTA_TESTS + "test_an_elastic_gang_gives_back_its_top_replicas_down_to_its_minimum",
+    ),
+    Mutant(
+        "quota victims: fewer victims, then lower priorities, at equal GPUs",
+        QUOTA,
+        "if key not in grown or candidate[:2] < grown[key][:2]:",
+        "if key not in grown or candidate[:2] > grown[key][:2]:",
+        QUOTA_TESTS + "test_fewer_victims_win_at_equal_gpus_then_lower_priorities",
+    ),
     # checkpoint requests
     Mutant(
         "a called-off eviction another plan needs is taken over, not asked again",
@@ -489,9 +515,16 @@ MUTANTS = [
     Mutant(
         "a mover does not wait for a holder whose checkpoint is done",
         TRAINING,
-        '        if checkpoint_done(other, eviction.get("requestedAt") or "") or cyc.now >= (',
-        '        if False and checkpoint_done(other, eviction.get("requestedAt") or "") or cyc.now >= (',
-        MOVES + "test_a_mover_waits_only_for_leaving_work_that_does_not_leave_in_this_cycle[done-False]",
+        '        if checkpoint_done(job, eviction.get("requestedAt") or "") or cyc.now >= (',
+        '        if False and checkpoint_done(job, eviction.get("requestedAt") or "") or cyc.now >= (',
+        MOVES + "test_a_mover_waits_only_for_leaving_work_the_gang_waits_for_too[done-False]",
+    ),
+    Mutant(
+        "a mover waits only for leaving work the gang waits for too",
+        TRAINING,
+        "not leaving.isdisjoint(short) and not leaving.isdisjoint(hold.nodes)",
+        "not leaving.isdisjoint(short)",
+        MOVES + "test_a_mover_waits_only_for_leaving_work_the_gang_waits_for_too[not on the gang's nodes-False]",
     ),
 ]
 

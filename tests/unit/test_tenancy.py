@@ -690,3 +690,79 @@ def test_held_nodes_are_flipped_once_per_priority_band_not_once_per_queued_job(m
     # One block for the victim's reconcile (placed, being evicted), one for the restarting band.
     assert len(flips) == 2 * 18, f"{len(flips)} held nodes made unusable (18 per block)"
     check_sound(cluster)
+
+
+def _quota_cluster(racks: int = 2, quota: int = 80) -> tuple[FakeCluster, Controller]:
+    cluster = FakeCluster("nvl72", racks)
+    cluster.add_priority_class("low", 1)
+    cluster.add_priority_class("high", 100)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": str(quota)})
+    return cluster, Controller(cluster, FixedClock(NOW))
+
+
+def test_a_job_over_its_namespaces_quota_preempts_its_namespaces_lower_work_checkpoint_first():
+    """Kueue's withinClusterQueue: LowerPriority for a ResourceQuota: a's quota is 80 GPUs and its
+    preemptible low job holds 64; a's high job needs 32. The cluster has room, the quota has not:
+    the low job is asked to checkpoint and leaves, and the high job runs. Other namespaces' work
+    and a's own work of equal priority are never touched for a's quota."""
+    cluster, controller = _quota_cluster()
+    cluster.add("TrainingJob", "a", "low", rack_job(preemptible=True, priorityClassName="low"))
+    cluster.add("TrainingJob", "b", "other", rack_job(preemptible=True, priorityClassName="low", ep=2))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), "ep": 4, "dp": 2})
+    run(cluster, controller, cycles=1)
+    eviction = cluster.status("TrainingJob", "a", "low")["eviction"]
+    assert (eviction["reason"], eviction["by"]) == ("Preempted", "a/high (priority 100, over the quota of a)")
+    assert not cluster.status("TrainingJob", "b", "other").get("eviction"), "another namespace's quota is not a's"
+    high = cluster.status("TrainingJob", "a", "high")
+    assert high["phase"] == "Pending" and high["reason"].startswith("waiting for 1 preempted job(s)"), high
+    assert not cluster.pods_of("tidal.dev/job", "high"), "nothing made while the quota is still in use"
+    run(cluster, controller, cycles=2)
+    assert cluster.status("TrainingJob", "a", "low").get("eviction"), "the same eviction, not a second one"
+    cluster.annotate("TrainingJob", "a", "low", {"tidal.dev/checkpoint-done": eviction["requestedAt"]})
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "a", "high")["phase"] == "Running"
+    low = cluster.status("TrainingJob", "a", "low")
+    cond = {c["type"]: c for c in low["conditions"]}["Schedulable"]
+    assert (low["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), low
+    assert cluster.status("TrainingJob", "b", "other")["phase"] == "Running"
+    check_sound(cluster)
+
+
+def test_a_job_over_its_quota_shrinks_an_elastic_job_of_its_namespace_by_what_is_missing_only():
+    """The low job is elastic, 4 DP replicas of 16 GPUs: the high job is short of 16 GPUs of quota,
+    so one replica goes, not the whole job (64 GPUs)."""
+    cluster, controller = _quota_cluster()
+    elastic = {"minDP": 1, "maxDP": 4}
+    low = {**rack_job(preemptible=True, priorityClassName="low"), "ep": 4, "dp": 4, "elastic": elastic}
+    cluster.add("TrainingJob", "a", "low", low)
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), "ep": 4, "dp": 2})
+    run(cluster, controller, cycles=1)
+    eviction = cluster.status("TrainingJob", "a", "low")["eviction"]
+    assert eviction["replicas"] == [3], eviction
+    cluster.annotate("TrainingJob", "a", "low", {"tidal.dev/checkpoint-done": eviction["requestedAt"]})
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "a", "high")["phase"] == "Running"
+    assert cluster.status("TrainingJob", "a", "low")["currentDP"] == 3
+    check_sound(cluster)
+
+
+@pytest.mark.parametrize("why", ["equal priority", "not preemptible", "no room in the cluster even then"])
+def test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not(why: str):
+    racks = 1 if why == "no room in the cluster even then" else 2
+    cluster, controller = _quota_cluster(racks=racks)
+    low = rack_job(preemptible=why != "not preemptible", priorityClassName="high" if why == "equal priority" else "low")
+    cluster.add("TrainingJob", "a", "low", low)
+    run(cluster, controller)
+    if racks == 1:  # the rest of the only rack goes to another namespace's work that may not be preempted
+        cluster.add("TrainingJob", "b", "fill", {**rack_job(), "ep": 2})
+        run(cluster, controller)
+    size = {"ep": 4, "dp": 2} if racks == 2 else {"ep": 9, "dp": 2}  # 32 GPUs; 72 on one rack
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "80" if racks == 2 else "100"})
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), **size})
+    run(cluster, controller, cycles=2)
+    assert not cluster.status("TrainingJob", "a", "low").get("eviction"), why
+    high = cluster.status("TrainingJob", "a", "high")
+    cond = {c["type"]: c for c in high["conditions"]}["Schedulable"]
+    assert (high["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), (why, high)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -53,6 +54,8 @@ from tidal.placement import (
 from tidal.placement.defrag import MovableGang, free_gpus, is_fragmentation_blocked, move_cap, plan_defrag
 from tidal.placement.gang import group_fits_some_supernode
 from tidal.placement.leftover import ArrivalHistory, GroupDemand
+from tidal.placement.preemption import eligible_gangs, with_released
+from tidal.placement.quota_eviction import plan_quota_eviction
 from tidal.placement.types import UnplaceableReason
 from tidal.topology.snapshot import ClusterSnapshot
 
@@ -296,6 +299,10 @@ def _try_admit(
     over_quota = [dp for dp in dps if cyc.quotas.problem(view, GangShape.of(view.spec, dp).world_size)]
     if len(over_quota) == len(dps):
         problem = cyc.quotas.problem(view, GangShape.of(view.spec, dps[-1]).world_size) or ""
+        with cyc.tolerating(view.spec.get("template")):
+            preempted = _preempt_for_quota(cyc, view, status, statuses)
+        if preempted is not None:
+            return preempted
         return _pending(cyc, view, status, QUOTA_EXCEEDED, problem)
     dps = [dp for dp in dps if dp not in over_quota]
     returned = _take_return_room(cyc, view, status, dps)
@@ -446,6 +453,59 @@ def _preempt_or_wait(
     return _pending(cyc, view, status, miss.reason.value, miss.message + (moved or ""))
 
 
+def _preempt_for_quota(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
+) -> dict[str, Any] | None:
+    """A job over its namespace's GPU quota at every size it may take evicts, checkpoint first,
+    the fewest GPUs of its own namespace's lower-priority preemptible jobs that make room under
+    the quota (Kueue's `withinClusterQueue: LowerPriority`), if those and ordinary preemption then
+    make room in the cluster too: nothing is evicted for a job that would still not fit. What is
+    already leaving for it counts as freed while it goes. Its new status (waiting for its victims,
+    its nodes and quota share held), or None: it may not, and waits as QuotaExceeded."""
+    room = cyc.quotas.room(view)
+    if room is None:
+        return None
+    shape = GangShape.of(view.spec, view.spec.get("dp", 1))
+    counted = cyc.quotas.counted_with(view)
+    priority = cyc.priorities.of(view)
+    mine = [(v, s) for v, s in statuses.values() if v.uid != view.uid and not v.deleting and counted(v)]
+    leaving = sum(  # preempted for it; a defragmentation mover comes back, and keeps its quota
+        len(group["nodes"]) * shape_of(v, s).gpus_per_pod
+        for v, s in mine
+        if holds_gpus(s)
+        and (s.get("eviction") or {}).get("reason") == "Preempted"
+        and s["eviction"].get("by", "").startswith(view.ref + " ")
+        for group in groups_of_replicas(shape_of(v, s), s["placement"], s["eviction"].get("replicas") or [])
+    )
+    may_go = {
+        v.uid
+        for v, s in mine
+        if v.spec.get("preemptible") and holds_gpus(s) and not s.get("eviction") and cyc.priorities.of(v) < priority
+    }
+    if not may_go and not leaving:
+        return None  # checked before the preemption inputs, which walk every placed pod
+    gangs, scratch = _preemption_inputs(cyc, statuses)
+    candidates = [g for g in eligible_gangs(gangs, priority) if g.name in may_go]
+    victims = plan_quota_eviction(candidates, shape.world_size - room - leaving)
+    if victims is None:
+        return None
+    chosen = {e.gang: e for e in victims}
+    released: Counter[str] = Counter()
+    for gang in gangs:
+        if gang.name in chosen:
+            for replica in chosen[gang.name].replicas:
+                for node, gpus in gang.replicas[replica]:
+                    released[node] += gpus
+    recovery, recover_on = _recovery(status)
+    request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
+    others = [g for g in gangs if g.name not in chosen]
+    result = with_released(scratch, dict(released), lambda: plan_preemption(scratch, request, others))
+    if not isinstance(result, PreemptionPlan):
+        return None
+    plan = PreemptionPlan((*victims, *result.evictions), result.placement)
+    return _preempt(cyc, view, status, statuses, plan, why=f"priority {priority}, over the quota of {view.namespace}")
+
+
 def _leaving_for(view: ResourceView, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> list[tuple[str, str]]:
     """(job, eviction reason) of every job being evicted to make room for `view`."""
     return sorted(
@@ -461,19 +521,14 @@ def _preempt(
     status: dict[str, Any],
     statuses: dict[str, tuple[ResourceView, dict[str, Any]]],
     result: PreemptionPlan,
+    why: str | None = None,
 ) -> dict[str, Any]:
     by_uid = {v.uid: (v, s) for v, s in statuses.values()}
+    by = job_evictor(view, why or f"priority {cyc.priorities.of(view)}")
     for eviction in result.evictions:
         victim, victim_status = by_uid[eviction.gang]
         replicas = [] if eviction.whole else list(eviction.replicas)
-        new_victim = start_eviction(
-            cyc,
-            victim,
-            victim_status,
-            reason="Preempted",
-            by=job_evictor(view, f"priority {cyc.priorities.of(view)}"),
-            replicas=replicas,
-        )
+        new_victim = start_eviction(cyc, victim, victim_status, reason="Preempted", by=by, replicas=replicas)
         statuses[victim.uid] = (victim, new_victim)
         cyc.write_status(victim, new_victim)
         cyc.count("preemptions")

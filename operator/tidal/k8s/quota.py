@@ -177,6 +177,22 @@ class Quotas:
                 left = free if left is None else min(left, free)
         return left
 
+    def counted_with(self, view: ResourceView) -> Callable[[ResourceView], bool]:
+        """Whether another workload's GPUs count in every quota that limits `view`'s (its class in
+        each one's scope): only freeing those makes room for `view` under all of them."""
+        namespace = view.namespace or ""
+        key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
+        limiting = [q for q in self.quotas.get(namespace, ()) if key in q.hard and applies(q, self.class_of(view))]
+
+        def counted(other: ResourceView) -> bool:
+            return (
+                (other.namespace or "") == namespace
+                and REQUESTS + other.spec.get("accelerator", "nvidia.com/gpu") == key
+                and all(applies(q, self.class_of(other)) for q in limiting)
+            )
+
+        return counted
+
     def _in_use(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> int:
         where = (namespace, key)
         return (
