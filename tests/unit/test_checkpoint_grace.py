@@ -38,6 +38,21 @@ def preempting(cluster: FakeCluster, clock: FixedClock) -> Controller:
     return controller
 
 
+def watched(controller: Controller) -> Metrics:
+    metrics = Metrics()
+    metrics.attach(controller)
+    return metrics
+
+
+def preempted_outcomes(metrics: Metrics) -> dict[str, float]:
+    """tidal_evictions_total of reason Preempted, by outcome."""
+    counted = scrape(metrics)
+    return {
+        outcome: counted[f'tidal_evictions_total{{outcome="{outcome}",reason="Preempted"}}']
+        for outcome in ("whole", "shrink", "cancelled", "taken_over")
+    }
+
+
 def low_pods(cluster: FakeCluster) -> list[dict]:
     return cluster.pods_of("tidal.dev/job", "low")
 
@@ -178,8 +193,7 @@ def test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_agai
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
     controller = preempting(cluster, clock)
-    metrics = Metrics()
-    metrics.attach(controller)
+    metrics = watched(controller)
     cluster.add_priority_class("mid", 50)
     cluster.add("TrainingJob", "ml", "mid", {**BASE, "dp": 1, "priorityClassName": "mid"})
     run(cluster, controller, cycles=1)
@@ -216,18 +230,14 @@ def test_a_called_off_preemption_a_queued_job_needs_is_taken_over_not_asked_agai
     assert "Preempted by ml/mid" in preempted_message(cluster) and "after checkpoint-done" in preempted_message(cluster)
     run(cluster, controller, cycles=2)
     assert cluster.status("TrainingJob", "ml", "mid")["phase"] == "Running"
-    counted = scrape(metrics)
-    assert counted['tidal_evictions_total{outcome="taken_over",reason="Preempted"}'] == 1
-    assert counted['tidal_evictions_total{outcome="cancelled",reason="Preempted"}'] == 0
-    assert counted['tidal_evictions_total{outcome="whole",reason="Preempted"}'] == 1
+    assert preempted_outcomes(metrics) == {"whole": 1, "shrink": 0, "cancelled": 0, "taken_over": 1}
 
 
 def test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_the_cycle():
     cluster = FakeCluster("nvl72", 1)
     clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
     controller = preempting(cluster, clock)
-    metrics = Metrics()
-    metrics.attach(controller)
+    metrics = watched(controller)
     run(cluster, controller, cycles=1)
     requested_at = cluster.status("TrainingJob", "ml", "low")["eviction"]["requestedAt"]
     del cluster.objects[("TrainingJob", "ml", "high")]
@@ -238,9 +248,7 @@ def test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_th
     annotations = [p["metadata"].get("annotations") or {} for p in low_pods(cluster)]
     annotations.append(cluster.get("TrainingJob", "ml", "low").annotations)
     assert len(annotations) == 17 and all(a.get("tidal.dev/checkpoint-cancelled") == requested_at for a in annotations)
-    counted = scrape(metrics)
-    assert counted['tidal_evictions_total{outcome="cancelled",reason="Preempted"}'] == 1
-    assert counted['tidal_evictions_total{outcome="taken_over",reason="Preempted"}'] == 0
+    assert preempted_outcomes(metrics) == {"whole": 0, "shrink": 0, "cancelled": 1, "taken_over": 0}
 
 
 def test_a_job_suspended_while_its_preemption_is_called_off_keeps_the_request_for_the_suspension():
