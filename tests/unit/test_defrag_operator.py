@@ -493,3 +493,32 @@ def test_a_mover_waits_only_for_leaving_work_the_gang_waits_for_too(holder: str,
     )
     mover = {"by": "ml/gang (defragmentation: 2 group(s) of 4 GPUs blocked by scattered free GPUs)"}
     assert training._way_back_held_by(cyc, m2, mover) == (["ml/m1"] if waited_for else []), holder
+
+
+def test_a_room_keeps_its_movers_quota_share_from_a_job_queued_before_it():
+    """Namespace ml's quota is 140 GPUs: the four small jobs (64) and the gang (72) fit. A job of
+    the same priority arrives while the mover checkpoints and waits on the quota. When the mover
+    leaves (and another namespace's job ends, so the queue is tried again), that job is queued
+    before it and would take the 16 GPUs of quota the mover frees: the mover could not take its
+    room and would wait on the quota in turn. The room keeps the mover's share, as a hold does:
+    the late job waits, the mover goes back."""
+    cluster, controller, _ = scattered()
+    cluster.add("TrainingJob", "x", "other", spec(4, 1))
+    run(cluster, controller)
+    cluster.add_quota("ml", "gpus", {"requests.nvidia.com/gpu": "140"})
+    mover, room, _ = _move_for_whole_rack(cluster, controller)
+    cluster.add("TrainingJob", "ml", "late", spec(4, 4, priority=1))
+    run(cluster, controller, cycles=2)
+    late = cluster.status("TrainingJob", "ml", "late")
+    assert late["phase"] == "Pending" and late["reason"].startswith("ResourceQuota ml/gpus"), late
+    _checkpoint_done(cluster, mover)
+    del cluster.objects[("TrainingJob", "x", "other")]
+    for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get("tidal.dev/job") == "other"]:
+        del cluster.pods[key]
+    run(cluster, controller, cycles=4)
+    moved = cluster.status("TrainingJob", "ml", mover)
+    assert moved["phase"] == "Running" and moved["placement"] == room, moved
+    assert cluster.status("TrainingJob", "ml", "whole-rack")["phase"] == "Running"
+    late = cluster.status("TrainingJob", "ml", "late")
+    assert late["phase"] == "Pending" and late["reason"].startswith("ResourceQuota ml/gpus"), late
+    check_sound(cluster)

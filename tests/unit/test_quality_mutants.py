@@ -497,6 +497,13 @@ MUTANTS = [
         "if key not in grown or candidate[:2] > grown[key][:2]:",
         QUOTA_TESTS + "test_fewer_victims_win_at_equal_gpus_then_lower_priorities",
     ),
+    Mutant(
+        "a room keeps its mover's quota share",
+        ROOMS,
+        "        if room.taking and item is not None:",
+        "        if False:",
+        MOVES + "test_a_room_keeps_its_movers_quota_share_from_a_job_queued_before_it",
+    ),
     # checkpoint requests
     Mutant(
         "a called-off eviction another plan needs is taken over, not asked again",

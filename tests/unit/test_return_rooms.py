@@ -16,6 +16,7 @@ from tidal.k8s.return_rooms import (
     take_return_room,
     top_up_return_rooms,
 )
+from tidal.k8s.quota import Quotas
 from tidal.k8s.state import ResourceView
 from tidal.k8s.watch import JournaledSnapshot
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
@@ -76,7 +77,7 @@ def _mover(eviction: dict | None, history: list | None = None) -> tuple[Resource
 
 
 def _cycle(snapshot: ClusterSnapshot) -> SimpleNamespace:
-    return SimpleNamespace(snapshot=snapshot, return_rooms={}, stamp=STAMP)
+    return SimpleNamespace(snapshot=snapshot, return_rooms={}, stamp=STAMP, quotas=Quotas())
 
 
 def test_a_room_is_booked_as_the_work_on_it_leaves():

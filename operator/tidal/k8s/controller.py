@@ -27,7 +27,12 @@ from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
 from tidal.k8s.rebalancing import RebalanceSettings, budget_left, expand_elastic, rebalance_pools
-from tidal.k8s.return_rooms import book_return_rooms, free_untaken_rooms, top_up_return_rooms
+from tidal.k8s.return_rooms import (
+    book_return_rooms,
+    free_untaken_rooms,
+    hold_room_quota_shares,
+    top_up_return_rooms,
+)
 from tidal.k8s.state import ClusterState, ResourceView
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
@@ -375,6 +380,7 @@ class Controller:
         book_return_rooms(cyc, statuses)  # what leaving work freed in the reconciles; called-off rooms freed
         cyc.quotas = self._quotas(statuses, pools)
         cyc.quotas.carry(cyc.held_before, cyc.priorities.of)
+        hold_room_quota_shares(cyc, statuses)
         self.loads.forget(set(pools))
         pools_waiting = rebalance_pools(cyc, pools, statuses, self.demand, self.settings.rebalance, self.loads)
         rebalance = self.settings.rebalance

@@ -148,6 +148,13 @@ class Quotas:
     def release_hold(self, uid: str) -> None:
         self.held.pop(uid, None)
 
+    def hold_share(self, view: ResourceView, priority: int, gpus: int) -> None:
+        """Keep `gpus` of the workload's namespace's quota for it, as a carried hold's share is
+        kept (from every workload it does not rank below), until `release_hold`."""
+        if gpus and self.limited(view.namespace):
+            key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
+            self.held[view.uid] = (priority, (view.namespace or "", key), gpus, self.class_of(view))
+
     def limited(self, namespace: str | None) -> bool:
         return bool(self.quotas.get(namespace or ""))
 
