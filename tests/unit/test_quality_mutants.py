@@ -30,6 +30,8 @@ GANG = "placement/gang.py"
 PREEMPTION = "placement/preemption.py"
 DEFRAG = "placement/defrag.py"
 QUOTA = "placement/quota_eviction.py"
+ADMISSION = "k8s/admission.py"
+QUOTAS = "k8s/quota.py"
 ROOMS = "k8s/return_rooms.py"
 REGROW = "k8s/rebalancing.py"
 TRAINING = "k8s/training.py"
@@ -42,6 +44,7 @@ MOVES = "tests/unit/test_defrag_operator.py::"
 ROOM_TESTS = "tests/unit/test_return_rooms.py::"
 GRACE = "tests/unit/test_checkpoint_grace.py::"
 QUOTA_TESTS = "tests/unit/test_quota_eviction.py::"
+TENANCY = "tests/unit/test_tenancy.py::"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (
@@ -58,6 +61,9 @@ SAFETY = {
     REGROW: (ROOM_TESTS + "test_plan_on_refuses_a_room_that_is_no_longer_valid",),
     # Never a victim twice, never more than the candidates, None when they cannot cover it.
     QUOTA: (QUOTA_TESTS + "test_nothing_short_evicts_nothing_and_too_little_is_none",),
+    # Nothing is evicted for a quota when it may not be or would not make the job fit.
+    ADMISSION: (TENANCY + "test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not",),
+    QUOTAS: (TENANCY + "test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not",),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
     TRAINING: (
         GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
@@ -493,8 +499,8 @@ MUTANTS = [
     Mutant(
         "quota victims: fewer victims, then lower priorities, at equal GPUs",
         QUOTA,
-        "if key not in grown or candidate[:2] < grown[key][:2]:",
-        "if key not in grown or candidate[:2] > grown[key][:2]:",
+        "if held is None or (victims, priorities) < held[:2]:",
+        "if held is None or (victims, priorities) > held[:2]:",
         QUOTA_TESTS + "test_fewer_victims_win_at_equal_gpus_then_lower_priorities",
     ),
     Mutant(
@@ -503,6 +509,27 @@ MUTANTS = [
         "        if room.taking and item is not None:",
         "        if False:",
         MOVES + "test_a_room_keeps_its_movers_quota_share_from_a_job_queued_before_it",
+    ),
+    Mutant(
+        "GPUs that left for the job lately count as gone while the quota's status still counts them",
+        ADMISSION,
+        '            departed += int(last.get("gpus") or 0)',
+        "            departed += 0",
+        TENANCY + "test_a_victims_pods_still_counted_by_the_quota_evict_nobody_else_and_the_job_keeps_its_nodes",
+    ),
+    Mutant(
+        "quota victims' GPUs are planned as freed for the job's placement",
+        ADMISSION,
+        "result = with_released(scratch, dict(released), lambda: plan_preemption(scratch, request, others))",
+        "result = plan_preemption(scratch, request, others)",
+        TENANCY + "test_quota_victims_whose_gpus_the_job_needs_in_a_full_cluster_are_planned_as_freed",
+    ),
+    Mutant(
+        "a victim need count only under the quotas that are short",
+        QUOTAS,
+        "            if over > 0:",
+        "            if True:",
+        TENANCY + "test_a_quota_that_is_not_short_does_not_keep_a_victim_from_being_counted",
     ),
     # checkpoint requests
     Mutant(

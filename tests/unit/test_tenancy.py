@@ -9,6 +9,7 @@ import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.quota import quota_view
 from tidal.k8s.state import ResourceView
 from tidal.k8s.taints import Taint
 
@@ -766,3 +767,88 @@ def test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_ma
     high = cluster.status("TrainingJob", "a", "high")
     cond = {c["type"]: c for c in high["conditions"]}["Schedulable"]
     assert (high["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), (why, high)
+
+
+def _quota_used(cluster: FakeCluster, gpus: int, hard: int = 80) -> None:
+    """The quota's status.used as the API server's quota controller reports it (it may lag)."""
+    body = {
+        "metadata": {"namespace": "a", "name": "gpus"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": str(hard)}},
+        "status": {"used": {"requests.nvidia.com/gpu": str(gpus)}},
+    }
+    cluster.quotas[("a", "gpus")] = quota_view(body)
+
+
+def test_a_victims_pods_still_counted_by_the_quota_evict_nobody_else_and_the_job_keeps_its_nodes():
+    """a's quota is 80; low1 and low2 hold 32 each; high needs 32, so low1 goes. In the cycles
+    after low1 has left, the quota's status.used still counts its pods (they terminate; the quota
+    controller lags): that is not a reason to evict low2 as well, nor to give up the nodes high
+    holds, which another namespace's job queued meanwhile would take."""
+    cluster, controller = _quota_cluster(racks=1)
+    half = {"ep": 8, "priorityClassName": "low", "preemptible": True}
+    cluster.add("TrainingJob", "a", "low1", {**rack_job(), **half})
+    cluster.add("TrainingJob", "a", "low2", {**rack_job(), **half})
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), "ep": 8})
+    run(cluster, controller, cycles=1)
+    evicted = [j for j in ("low1", "low2") if cluster.status("TrainingJob", "a", j).get("eviction")]
+    assert len(evicted) == 1, evicted
+    kept = "low2" if evicted == ["low1"] else "low1"
+    _quota_used(cluster, 64)
+    cluster.add("TrainingJob", "b", "other", {**rack_job(), "ep": 4})  # 16: fits only on what high holds
+    requested = cluster.status("TrainingJob", "a", evicted[0])["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "a", evicted[0], {"tidal.dev/checkpoint-done": requested})
+    run(cluster, controller, cycles=3)
+    assert not cluster.status("TrainingJob", "a", kept).get("eviction"), "nobody else evicted"
+    assert cluster.status("TrainingJob", "a", kept)["phase"] == "Running"
+    high = cluster.status("TrainingJob", "a", "high")
+    cond = {c["type"]: c for c in high["conditions"]}["Schedulable"]
+    assert (high["phase"], cond["reason"]) == ("Pending", "WaitingForPreemption"), high
+    assert cluster.status("TrainingJob", "b", "other")["phase"] == "Pending", "high's nodes stay held"
+    _quota_used(cluster, 32)  # the quota controller caught up
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "a", "high")["phase"] == "Running"
+    check_sound(cluster)
+
+
+def test_a_quota_that_is_not_short_does_not_keep_a_victim_from_being_counted():
+    """An overall cap of 80 and a cap of 200 on class high: only the first is short, and low's
+    GPUs count under it, so low is evicted (a victim need not count under a quota with room)."""
+    cluster, controller = _quota_cluster()
+    scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}
+    cluster.add_quota("a", "high-gpus", {"requests.nvidia.com/gpu": "200"}, scopeSelector=scope)
+    cluster.add("TrainingJob", "a", "low", rack_job(preemptible=True, priorityClassName="low"))
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), "ep": 4, "dp": 2})
+    run(cluster, controller, cycles=1)
+    assert (cluster.status("TrainingJob", "a", "low").get("eviction") or {}).get("reason") == "Preempted"
+
+
+def test_quota_victims_whose_gpus_the_job_needs_in_a_full_cluster_are_planned_as_freed():
+    """One rack, full: a's low job (64) and b's job (8, not preemptible). a's high job (32) is
+    over a's quota and finds no room: only low's GPUs, freed for the quota, make room for it."""
+    cluster, controller = _quota_cluster(racks=1)
+    cluster.add("TrainingJob", "a", "low", rack_job(preemptible=True, priorityClassName="low"))
+    cluster.add("TrainingJob", "b", "fill", {**rack_job(), "ep": 2})
+    run(cluster, controller)
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), "ep": 4, "dp": 2})
+    run(cluster, controller, cycles=1)
+    assert (cluster.status("TrainingJob", "a", "low").get("eviction") or {}).get("reason") == "Preempted"
+    assert not cluster.status("TrainingJob", "b", "fill").get("eviction")
+
+
+def test_a_quota_lowered_below_its_use_is_short_by_all_of_it_evicted_in_one_round():
+    """a's four low jobs hold 128 GPUs; the quota is then lowered to 64. high (32) is short by 96,
+    not by the 32 a room floored at 0 would say: three victims go in one round, not one per
+    checkpoint round."""
+    cluster, controller = _quota_cluster(quota=200)
+    for i in range(4):
+        cluster.add("TrainingJob", "a", f"low{i}", {**rack_job(preemptible=True, priorityClassName="low"), "ep": 8})
+    run(cluster, controller)
+    cluster.add_quota("a", "gpus", {"requests.nvidia.com/gpu": "64"})
+    cluster.add("TrainingJob", "a", "high", {**rack_job(priorityClassName="high"), "ep": 8})
+    run(cluster, controller, cycles=1)
+    evicted = [i for i in range(4) if cluster.status("TrainingJob", "a", f"low{i}").get("eviction")]
+    assert len(evicted) == 3, evicted
+    run(cluster, controller, cycles=2)
+    assert len([i for i in range(4) if cluster.status("TrainingJob", "a", f"low{i}").get("eviction")]) == 3

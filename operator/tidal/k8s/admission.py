@@ -453,40 +453,56 @@ def _preempt_or_wait(
     return _pending(cyc, view, status, miss.reason.value, miss.message + (moved or ""))
 
 
+DEPARTED_WINDOW = dt.timedelta(minutes=2)
+"""How long GPUs preempted for a job count as gone from its namespace's quota although the quota's
+status.used may still count them (`Quotas.shortfall`): their pods' grace period and the quota
+controller's lag, not a reason to evict another victim meanwhile."""
+
+
 def _preempt_for_quota(
     cyc: Cycle, view: ResourceView, status: dict[str, Any], statuses: dict[str, tuple[ResourceView, dict[str, Any]]]
 ) -> dict[str, Any] | None:
     """A job over its namespace's GPU quota at every size it may take evicts, checkpoint first,
     the fewest GPUs of its own namespace's lower-priority preemptible jobs that make room under
-    the quota (Kueue's `withinClusterQueue: LowerPriority`), if those and ordinary preemption then
-    make room in the cluster too: nothing is evicted for a job that would still not fit. What is
-    already leaving for it counts as freed while it goes. Its new status (waiting for its victims,
-    its nodes and quota share held), or None: it may not, and waits as QuotaExceeded."""
-    room = cyc.quotas.room(view)
-    if room is None:
+    every quota that is short (Kueue's `withinClusterQueue: LowerPriority`), if those and ordinary
+    preemption then make room in the cluster too: nothing is evicted for a job that would still
+    not fit. What is leaving for it, or left lately, counts as freed. Its new status (waiting for
+    its victims, its nodes and quota share held), or None: it may not, and waits as QuotaExceeded."""
+    if not cyc.quotas.limited(view.namespace):
         return None
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
-    counted = cyc.quotas.counted_with(view)
     priority = cyc.priorities.of(view)
-    mine = [(v, s) for v, s in statuses.values() if v.uid != view.uid and not v.deleting and counted(v)]
-    leaving = sum(  # preempted for it; a defragmentation mover comes back, and keeps its quota
-        len(group["nodes"]) * shape_of(v, s).gpus_per_pod
-        for v, s in mine
-        if holds_gpus(s)
-        and (s.get("eviction") or {}).get("reason") == "Preempted"
-        and s["eviction"].get("by", "").startswith(view.ref + " ")
-        for group in groups_of_replicas(shape_of(v, s), s["placement"], s["eviction"].get("replicas") or [])
-    )
-    may_go = {
-        v.uid
-        for v, s in mine
-        if v.spec.get("preemptible") and holds_gpus(s) and not s.get("eviction") and cyc.priorities.of(v) < priority
-    }
-    if not may_go and not leaving:
-        return None  # checked before the preemption inputs, which walk every placed pod
+    prefix, since = view.ref + " ", cyc.now - DEPARTED_WINDOW
+    leaving = departed = 0
+    may_go = []
+    for uid in _jobs_of_namespace(cyc, statuses, view.namespace):
+        other, other_status = statuses[uid]
+        if uid == view.uid or other.deleting:
+            continue
+        eviction = other_status.get("eviction")
+        if holds_gpus(other_status) and eviction:
+            if eviction.get("reason") == "Preempted" and str(eviction.get("by", "")).startswith(prefix):
+                other_shape = shape_of(other, other_status)
+                groups = groups_of_replicas(other_shape, other_status["placement"], eviction.get("replicas") or [])
+                leaving += sum(len(g["nodes"]) for g in groups) * other_shape.gpus_per_pod
+        elif holds_gpus(other_status) and other.spec.get("preemptible") and cyc.priorities.of(other) < priority:
+            may_go.append(other)
+        history = other_status.get("evictionHistory") or [{}]
+        last = history[-1]
+        if (
+            last.get("reason") == "Preempted"
+            and str(last.get("by", "")).startswith(prefix)
+            and (parse_time(last.get("at")) or since) > since
+        ):
+            departed += int(last.get("gpus") or 0)
+    deficit, counted = cyc.quotas.shortfall(view, shape.world_size, leaving, departed)
+    wanted = {other.uid for other in may_go if counted(other)}
+    if deficit > 0 and not wanted:
+        return None
+    if deficit <= 0 and not (leaving or departed):
+        return None
     gangs, scratch = _preemption_inputs(cyc, statuses)
-    candidates = [g for g in eligible_gangs(gangs, priority) if g.name in may_go]
-    victims = plan_quota_eviction(candidates, shape.world_size - room - leaving)
+    victims = plan_quota_eviction([g for g in eligible_gangs(gangs, priority) if g.name in wanted], deficit)
     if victims is None:
         return None
     chosen = {e.gang: e for e in victims}
@@ -504,6 +520,19 @@ def _preempt_for_quota(
         return None
     plan = PreemptionPlan((*victims, *result.evictions), result.placement)
     return _preempt(cyc, view, status, statuses, plan, why=f"priority {priority}, over the quota of {view.namespace}")
+
+
+def _jobs_of_namespace(
+    cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]], namespace: str | None
+) -> list[str]:
+    """The uids of the namespace's jobs, indexed once a cycle (the cycle adds no job)."""
+    index = cyc.scratch.get("jobs_by_namespace")
+    if index is None:
+        index = {}
+        for uid, (job, _) in statuses.items():
+            index.setdefault(job.namespace or "", []).append(uid)
+        cyc.scratch["jobs_by_namespace"] = index
+    return index.get(namespace or "", [])
 
 
 def _leaving_for(view: ResourceView, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> list[tuple[str, str]]:

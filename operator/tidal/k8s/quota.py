@@ -184,21 +184,40 @@ class Quotas:
                 left = free if left is None else min(left, free)
         return left
 
-    def counted_with(self, view: ResourceView) -> Callable[[ResourceView], bool]:
-        """Whether another workload's GPUs count in every quota that limits `view`'s (its class in
-        each one's scope): only freeing those makes room for `view` under all of them."""
+    def shortfall(
+        self, view: ResourceView, gpus: int, leaving: int = 0, departed: int = 0
+    ) -> tuple[int, Callable[[ResourceView], bool]]:
+        """For preemption inside the namespace: by how many GPUs `gpus` more for `view` would
+        still exceed its quotas (the largest excess; 0 when none would), and whether another
+        workload's GPUs count under every quota that is short (only freeing those helps).
+        `leaving`: GPUs of evictions under way for `view` (still booked). `departed`: GPUs that
+        left for it lately; a quota's own status.used may still count them (their pods terminate
+        after the placement is dropped, and the quota controller lags), so they count as gone up
+        to what status.used counts beyond tidal's own bookings. No floor at 0 on what is left: a
+        quota lowered below its use is short by all of it."""
         namespace = view.namespace or ""
         key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
-        limiting = [q for q in self.quotas.get(namespace, ()) if key in q.hard and applies(q, self.class_of(view))]
+        worst, short = 0, []
+        for q in self.quotas.get(namespace, ()):
+            if key not in q.hard or not applies(q, self.class_of(view)):
+                continue
+            where = (namespace, key)
+            booked = _scoped(self.used.get(where), q)
+            reported = q.used.get(key, 0)
+            gone = min(departed, max(reported - booked, 0))
+            over = self._in_use(namespace, key, q, view) - gone - leaving + gpus - q.hard[key]
+            if over > 0:
+                worst = max(worst, over)
+                short.append(q)
 
         def counted(other: ResourceView) -> bool:
             return (
                 (other.namespace or "") == namespace
                 and REQUESTS + other.spec.get("accelerator", "nvidia.com/gpu") == key
-                and all(applies(q, self.class_of(other)) for q in limiting)
+                and all(applies(q, self.class_of(other)) for q in short)
             )
 
-        return counted
+        return worst, counted
 
     def _in_use(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> int:
         where = (namespace, key)

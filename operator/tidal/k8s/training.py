@@ -1033,6 +1033,7 @@ def _continue_eviction(
         "at": cyc.stamp,
         "gpus": sum(len(g["nodes"]) for g in evicted) * shape.gpus_per_pod,
         "reason": eviction["reason"],
+        "by": eviction.get("by") or "",
     }
     history = appended_history(status, record, cyc.now)
     if replicas:

@@ -231,6 +231,7 @@ class EvictionRecord(ApiModel):
     at: str = Field(description="When the pods were evicted.")
     gpus: int = Field(ge=0, description="GPUs given back.")
     reason: str = Field(description="Preempted, Rebalanced or Suspended.")
+    by: str = Field(default="", description="Who asked, as status.eviction.by said.")
 
 
 class TrainingJobStatus(ApiModel):
