@@ -162,6 +162,11 @@ def test_a_job_over_its_namespaces_quota_preempts_its_namespaces_lower_work_chec
     kube.run("annotate", "-n", namespace, "trainingjob", "low", f"tidal.dev/checkpoint-done={eviction['requestedAt']}")
     wait_phase(kube, namespace, "high", "Running", timeout=120)
     assert len(pods_of(kube, namespace, "high")) == 8
+    # While low's pods terminated and the quota's status.used still counted them, high kept
+    # waiting for its victim with its nodes held: it never fell back to QuotaExceeded.
+    events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=high")["items"]
+    assert not [e for e in events if e["reason"] == "QuotaExceeded"], [e["message"] for e in events]
+    assert any(e["reason"] == "WaitingForPreemption" for e in events), [e["reason"] for e in events]
     low_status = status(kube, namespace, "low")
     cond = {c["type"]: c for c in low_status["conditions"]}["Schedulable"]
     assert (low_status["phase"], cond["reason"]) == ("Pending", "QuotaExceeded"), low_status
