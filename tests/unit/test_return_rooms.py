@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+from tidal.k8s.quota import Quotas
 from tidal.k8s.return_rooms import (
     book_rest_of_rooms,
     book_return_rooms,
@@ -16,7 +17,6 @@ from tidal.k8s.return_rooms import (
     take_return_room,
     top_up_return_rooms,
 )
-from tidal.k8s.quota import Quotas
 from tidal.k8s.state import ResourceView
 from tidal.k8s.watch import JournaledSnapshot
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan
