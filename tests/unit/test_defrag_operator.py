@@ -16,6 +16,7 @@ from tidal.clock import FixedClock
 from tidal.k8s import compact, training
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.cycle import Hold
+from tidal.k8s.quota import quota_view
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.k8s.return_rooms import ReturnRoom
 from tidal.k8s.taints import Taint
@@ -511,6 +512,15 @@ def test_a_room_keeps_its_movers_quota_share_from_a_job_queued_before_it():
     run(cluster, controller, cycles=2)
     late = cluster.status("TrainingJob", "ml", "late")
     assert late["phase"] == "Pending" and late["reason"].startswith("ResourceQuota ml/gpus"), late
+    # The quota's status.used as the API server reports it: it still counts the mover's pods,
+    # which terminate after this cycle's decisions (the room's share must not count twice).
+    cluster.quotas[("ml", "gpus")] = quota_view(
+        {
+            "metadata": {"namespace": "ml", "name": "gpus"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "140"}},
+            "status": {"used": {"requests.nvidia.com/gpu": "64"}},
+        }
+    )
     _checkpoint_done(cluster, mover)
     del cluster.objects[("TrainingJob", "x", "other")]
     for key in [k for k, p in cluster.pods.items() if p["metadata"]["labels"].get("tidal.dev/job") == "other"]:

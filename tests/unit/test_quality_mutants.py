@@ -513,8 +513,8 @@ MUTANTS = [
     Mutant(
         "GPUs that left for the job lately count as gone while the quota's status still counts them",
         ADMISSION,
-        '            departed += int(last.get("gpus") or 0)',
-        "            departed += 0",
+        '                departed[cyc.quotas.class_of(other)] += int(last.get("gpus") or 0)',
+        "                departed[cyc.quotas.class_of(other)] += 0",
         TENANCY + "test_a_victims_pods_still_counted_by_the_quota_evict_nobody_else_and_the_job_keeps_its_nodes",
     ),
     Mutant(
@@ -530,6 +530,27 @@ MUTANTS = [
         "            if over > 0:",
         "            if True:",
         TENANCY + "test_a_quota_that_is_not_short_does_not_keep_a_victim_from_being_counted",
+    ),
+    Mutant(
+        "a room's quota share counts inside the max with the quota's status.used, never twice",
+        QUOTAS,
+        "return max(counted, reported) - own + _scoped(",
+        "return max(counted - own, reported) + _scoped(",
+        MOVES + "test_a_room_keeps_its_movers_quota_share_from_a_job_queued_before_it",
+    ),
+    Mutant(
+        "GPUs leaving for a job count only under the quotas whose scope counts them",
+        QUOTAS,
+        "over = in_use - gone - _scoped(leaving, q) + gpus - q.hard[key]",
+        "over = in_use - gone - sum((leaving or {}).values()) + gpus - q.hard[key]",
+        TENANCY + "test_the_shortfall_subtracts_leaving_gpus_only_under_the_quotas_whose_scope_counts_them",
+    ),
+    Mutant(
+        "departed GPUs count as gone for as long as the quota may count their terminating pods",
+        ADMISSION,
+        "    return 2 * dt.timedelta(seconds=seconds) + QUOTA_LAG",
+        "    return dt.timedelta(minutes=2)",
+        TENANCY + "test_a_victims_pods_still_counted_by_the_quota_evict_nobody_else_and_the_job_keeps_its_nodes",
     ),
     # checkpoint requests
     Mutant(

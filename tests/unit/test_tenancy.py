@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections import Counter
 
 import pytest
 
 from tidal.clock import FixedClock
 from tidal.k8s.controller import Controller, ControllerSettings
-from tidal.k8s.quota import quota_view
+from tidal.k8s.quota import Quotas, quota_view
 from tidal.k8s.state import ResourceView
 from tidal.k8s.taints import Taint
 
@@ -785,7 +786,8 @@ def test_a_victims_pods_still_counted_by_the_quota_evict_nobody_else_and_the_job
     controller lags): that is not a reason to evict low2 as well, nor to give up the nodes high
     holds, which another namespace's job queued meanwhile would take."""
     cluster, controller = _quota_cluster(racks=1)
-    half = {"ep": 8, "priorityClassName": "low", "preemptible": True}
+    slow = {"spec": {**TEMPLATE["spec"], "terminationGracePeriodSeconds": 300}}  # counted up to ~10 min
+    half = {"ep": 8, "priorityClassName": "low", "preemptible": True, "template": slow}
     cluster.add("TrainingJob", "a", "low1", {**rack_job(), **half})
     cluster.add("TrainingJob", "a", "low2", {**rack_job(), **half})
     run(cluster, controller)
@@ -798,7 +800,9 @@ def test_a_victims_pods_still_counted_by_the_quota_evict_nobody_else_and_the_job
     cluster.add("TrainingJob", "b", "other", {**rack_job(), "ep": 4})  # 16: fits only on what high holds
     requested = cluster.status("TrainingJob", "a", evicted[0])["eviction"]["requestedAt"]
     cluster.annotate("TrainingJob", "a", evicted[0], {"tidal.dev/checkpoint-done": requested})
-    run(cluster, controller, cycles=3)
+    run(cluster, controller, cycles=2)
+    controller.clock.advance(seconds=240)  # its pods' grace period is 300 s: still counted
+    run(cluster, controller, cycles=2)
     assert not cluster.status("TrainingJob", "a", kept).get("eviction"), "nobody else evicted"
     assert cluster.status("TrainingJob", "a", kept)["phase"] == "Running"
     high = cluster.status("TrainingJob", "a", "high")
@@ -852,3 +856,30 @@ def test_a_quota_lowered_below_its_use_is_short_by_all_of_it_evicted_in_one_roun
     assert len(evicted) == 3, evicted
     run(cluster, controller, cycles=2)
     assert len([i for i in range(4) if cluster.status("TrainingJob", "a", f"low{i}").get("eviction")]) == 3
+
+
+def test_the_shortfall_subtracts_leaving_gpus_only_under_the_quotas_whose_scope_counts_them():
+    """An overall cap of 64 and a cap of 48 on class high, with a high job of 32 and a low one
+    of 32 in use. A victim of class low leaving for a high job of 32 frees room under the overall
+    cap, not under the class-high cap: that one is still short by 16."""
+    scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}
+    quotas = [
+        quota_view(
+            {"metadata": {"namespace": "a", "name": "all"}, "spec": {"hard": {"requests.nvidia.com/gpu": "64"}}}
+        ),
+        quota_view(
+            {
+                "metadata": {"namespace": "a", "name": "high"},
+                "spec": {"hard": {"requests.nvidia.com/gpu": "48"}, "scopeSelector": scope},
+            }
+        ),
+    ]
+    held = [("a", "nvidia.com/gpu", 32, "high"), ("a", "nvidia.com/gpu", 32, "low")]
+    book = Quotas.build(quotas, held, class_of=lambda v: v.spec.get("priorityClassName"))
+    job = ResourceView(
+        "TrainingJob", "a", "j", "uid-j", 1, NOW.isoformat(), {"priorityClassName": "high"}, {}, {}, "1", deleting=False
+    )
+    deficit, _ = book.shortfall(job, 32, leaving=Counter({"low": 32}))
+    assert deficit == 16
+    deficit, _ = book.shortfall(job, 32, leaving=Counter({"high": 32}))
+    assert deficit == 0

@@ -204,6 +204,7 @@ def admit_queued(
             cyc.release_hold(view.uid)
             held.avoid(view.uid, cyc.priorities.of(view))
             new_status = _try_admit(cyc, view, status, statuses, defrag_budget)
+            cyc.quotas.release_room(view.uid)  # a mover's room share, if it was not taken: tried now
             statuses[view.uid] = (view, new_status)
             if holds_gpus(new_status):
                 cyc.pending_memo.pop(view.uid, None)
@@ -453,10 +454,20 @@ def _preempt_or_wait(
     return _pending(cyc, view, status, miss.reason.value, miss.message + (moved or ""))
 
 
-DEPARTED_WINDOW = dt.timedelta(minutes=2)
-"""How long GPUs preempted for a job count as gone from its namespace's quota although the quota's
-status.used may still count them (`Quotas.shortfall`): their pods' grace period and the quota
-controller's lag, not a reason to evict another victim meanwhile."""
+QUOTA_LAG = dt.timedelta(minutes=1)
+"""Beyond its pods' termination, how long GPUs preempted for a job count as gone from its
+namespace's quota although the quota's status.used may still count them (`Quotas.shortfall`):
+the quota controller's lag, not a reason to evict another victim meanwhile."""
+
+
+def _departure_window(job: ResourceView) -> dt.timedelta:
+    """How long the quota may count a job's pods after tidal deleted them: a terminating pod is
+    counted until its deletionTimestamp (the delete plus its grace period) plus that grace period
+    again, then the quota controller's lag."""
+    template = (job.spec.get("template") or {}).get("spec") or {}
+    grace = template.get("terminationGracePeriodSeconds")
+    seconds = grace if isinstance(grace, int) and grace >= 0 else 30  # the API server's default
+    return 2 * dt.timedelta(seconds=seconds) + QUOTA_LAG
 
 
 def _preempt_for_quota(
@@ -472,8 +483,9 @@ def _preempt_for_quota(
         return None
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     priority = cyc.priorities.of(view)
-    prefix, since = view.ref + " ", cyc.now - DEPARTED_WINDOW
-    leaving = departed = 0
+    prefix = view.ref + " "
+    leaving: Counter[str | None] = Counter()
+    departed: Counter[str | None] = Counter()
     may_go = []
     for uid in _jobs_of_namespace(cyc, statuses, view.namespace):
         other, other_status = statuses[uid]
@@ -484,17 +496,15 @@ def _preempt_for_quota(
             if eviction.get("reason") == "Preempted" and str(eviction.get("by", "")).startswith(prefix):
                 other_shape = shape_of(other, other_status)
                 groups = groups_of_replicas(other_shape, other_status["placement"], eviction.get("replicas") or [])
-                leaving += sum(len(g["nodes"]) for g in groups) * other_shape.gpus_per_pod
+                leaving[cyc.quotas.class_of(other)] += sum(len(g["nodes"]) for g in groups) * other_shape.gpus_per_pod
         elif holds_gpus(other_status) and other.spec.get("preemptible") and cyc.priorities.of(other) < priority:
             may_go.append(other)
         history = other_status.get("evictionHistory") or [{}]
         last = history[-1]
-        if (
-            last.get("reason") == "Preempted"
-            and str(last.get("by", "")).startswith(prefix)
-            and (parse_time(last.get("at")) or since) > since
-        ):
-            departed += int(last.get("gpus") or 0)
+        if last.get("reason") == "Preempted" and str(last.get("by", "")).startswith(prefix):
+            at = parse_time(last.get("at"))
+            if at is not None and cyc.now - at < _departure_window(other):
+                departed[cyc.quotas.class_of(other)] += int(last.get("gpus") or 0)
     deficit, counted = cyc.quotas.shortfall(view, shape.world_size, leaving, departed)
     wanted = {other.uid for other in may_go if counted(other)}
     if deficit > 0 and not wanted:

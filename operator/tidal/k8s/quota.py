@@ -112,6 +112,9 @@ class Quotas:
     cycle's quota shares of workloads waiting for their victims, counted for every workload whose
     priority is not above the holder's until the holder is planned again (`release_hold`). The
     share has no placement yet, so the ledger rebuilt from placements does not count it."""
+    rooms: dict[str, tuple[int, tuple[str, str], int, str | None]] = field(default_factory=dict)
+    """Mover uid -> (priority, (namespace, requests.<accelerator>), GPUs, PriorityClass): the quota
+    shares of defragmentation rooms taken later in this cycle (`keep_room_share`)."""
     priority_of: Callable[[ResourceView], int] = lambda view: 0
     class_of: Callable[[ResourceView], str | None] = _named_class
     """The PriorityClass a workload's pods get (`Priorities.class_name`: a workload without one gets
@@ -148,13 +151,6 @@ class Quotas:
     def release_hold(self, uid: str) -> None:
         self.held.pop(uid, None)
 
-    def hold_share(self, view: ResourceView, priority: int, gpus: int) -> None:
-        """Keep `gpus` of the workload's namespace's quota for it, as a carried hold's share is
-        kept (from every workload it does not rank below), until `release_hold`."""
-        if gpus and self.limited(view.namespace):
-            key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
-            self.held[view.uid] = (priority, (view.namespace or "", key), gpus, self.class_of(view))
-
     def limited(self, namespace: str | None) -> bool:
         return bool(self.quotas.get(namespace or ""))
 
@@ -185,15 +181,20 @@ class Quotas:
         return left
 
     def shortfall(
-        self, view: ResourceView, gpus: int, leaving: int = 0, departed: int = 0
+        self,
+        view: ResourceView,
+        gpus: int,
+        leaving: Counter[str | None] | None = None,
+        departed: Counter[str | None] | None = None,
     ) -> tuple[int, Callable[[ResourceView], bool]]:
         """For preemption inside the namespace: by how many GPUs `gpus` more for `view` would
         still exceed its quotas (the largest excess; 0 when none would), and whether another
         workload's GPUs count under every quota that is short (only freeing those helps).
-        `leaving`: GPUs of evictions under way for `view` (still booked). `departed`: GPUs that
-        left for it lately; a quota's own status.used may still count them (their pods terminate
-        after the placement is dropped, and the quota controller lags), so they count as gone up
-        to what status.used counts beyond tidal's own bookings. No floor at 0 on what is left: a
+        `leaving`: GPUs of evictions under way for `view` (still booked), by PriorityClass.
+        `departed`: GPUs that left for it lately, by class; a quota's own status.used may still
+        count them (their pods terminate after the placement is dropped, and the quota controller
+        lags), so they count as gone up to what status.used counts beyond tidal's own bookings.
+        Each quota subtracts only the classes its scope counts. No floor at 0 on what is left: a
         quota lowered below its use is short by all of it."""
         namespace = view.namespace or ""
         key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
@@ -201,11 +202,10 @@ class Quotas:
         for q in self.quotas.get(namespace, ()):
             if key not in q.hard or not applies(q, self.class_of(view)):
                 continue
-            where = (namespace, key)
-            booked = _scoped(self.used.get(where), q)
-            reported = q.used.get(key, 0)
-            gone = min(departed, max(reported - booked, 0))
-            over = self._in_use(namespace, key, q, view) - gone - leaving + gpus - q.hard[key]
+            counted_here, reported, _ = self._counts(namespace, key, q, view)
+            gone = min(_scoped(departed, q), max(reported - counted_here, 0))
+            in_use = self._in_use(namespace, key, q, view)
+            over = in_use - gone - _scoped(leaving, q) + gpus - q.hard[key]
             if over > 0:
                 worst = max(worst, over)
                 short.append(q)
@@ -219,13 +219,37 @@ class Quotas:
 
         return worst, counted
 
-    def _in_use(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> int:
+    def keep_room_share(self, view: ResourceView, priority: int, gpus: int) -> None:
+        """A defragmentation mover whose eviction ended this cycle takes its room later in it:
+        `gpus` of its namespace's quota are kept for it from every workload it does not rank
+        below, until `release_room`. Counted with tidal's bookings, inside the max with the
+        quota's status.used, which still counts the mover's terminating pods: never twice."""
+        if gpus and self.limited(view.namespace):
+            key = REQUESTS + view.spec.get("accelerator", "nvidia.com/gpu")
+            self.rooms[view.uid] = (priority, (view.namespace or "", key), gpus, self.class_of(view))
+
+    def release_room(self, uid: str) -> None:
+        self.rooms.pop(uid, None)
+
+    def _counts(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> tuple[int, int, int]:
+        """(tidal's bookings with the room shares `view` does not outrank and its own, the
+        quota's status.used, `view`'s own room share), as `q` counts them."""
         where = (namespace, key)
-        return (
-            max(_scoped(self.used.get(where), q), q.used.get(key, 0))
-            + _scoped(self.booked.get(where), q)
-            + self._held_for(where, q, view)
-        )
+        priority = self.priority_of(view)
+        own = others = 0
+        for uid, (p, k, g, c) in self.rooms.items():
+            if k != where or not applies(q, c):
+                continue
+            if uid == view.uid:
+                own += g
+            elif p >= priority:
+                others += g
+        return _scoped(self.used.get(where), q) + others + own, q.used.get(key, 0), own
+
+    def _in_use(self, namespace: str, key: str, q: QuotaView, view: ResourceView) -> int:
+        counted, reported, own = self._counts(namespace, key, q, view)
+        where = (namespace, key)
+        return max(counted, reported) - own + _scoped(self.booked.get(where), q) + self._held_for(where, q, view)
 
     def _held_for(self, where: tuple[str, str], q: QuotaView, view: ResourceView) -> int:
         """Carried holds of others `view` does not outrank (a holder keeps its share from equals too)."""

@@ -111,13 +111,14 @@ def book_return_rooms(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[s
 def hold_room_quota_shares(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, Any]]]) -> None:
     """A mover whose eviction ended this cycle no longer counts in its namespace's quota (its
     placement is gone), yet takes its room later in the cycle: the room's GPUs of quota are kept
-    for it, as a hold's share is, until it takes the room or gives it up (`take_return_room`).
+    for it, as a hold's share is, until it takes the room or gives it up (`take_return_room`, or
+    admission once it was tried; `free_untaken_rooms` for the rest).
     Otherwise a job of its namespace queued before it took that share, and the mover, though its
     room was kept, was refused by the quota. Called once the cycle's quotas are built."""
     for uid, room in cyc.return_rooms.items():
         item = statuses.get(uid)
         if room.taking and item is not None:
-            cyc.quotas.hold_share(item[0], cyc.priorities.of(item[0]), sum(room.wanted.values()))
+            cyc.quotas.keep_room_share(item[0], cyc.priorities.of(item[0]), sum(room.wanted.values()))
 
 
 def keep_return_room(cyc: Cycle, uid: str, view: ResourceView, status: dict[str, Any]) -> None:
@@ -182,7 +183,7 @@ def take_return_room(cyc: Cycle, uid: str, request: GangRequest | None) -> Place
     room = cyc.return_rooms.pop(uid, None)
     if room is None:
         return None
-    cyc.quotas.release_hold(uid)  # its quota share (`hold_room_quota_shares`): the caller checks the quota
+    cyc.quotas.release_room(uid)  # its quota share (`hold_room_quota_shares`): the caller checks the quota
     version = getattr(cyc.snapshot, "capacity_version", None)
     _free(cyc, room)
     plan = plan_on(cyc.snapshot, request, room.groups) if request is not None else None
