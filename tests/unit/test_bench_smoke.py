@@ -61,3 +61,13 @@ def test_defrag_shrinks_bench_quick_runs_and_is_never_worse_with_partial_shrinks
 
     _, options = option_seconds(64)
     assert options == 8, "one option per rack the gang holds (clearing it gains the whole rack)"
+
+
+def test_quota_eviction_bench_quick_never_evicts_more_than_kueues_order():
+    from bench.quota_eviction import run as run_quota_eviction
+
+    result = run_quota_eviction([1], 50)
+    (row,) = result["seeds"]
+    assert row["tidal_more"] == 0, "the exact cover never takes more GPUs than Kueue's order"
+    assert row["tidal_fewer"] + row["same"] == row["instances"] == 50
+    assert [c["shortfall"] for c in result["cost"]] == [64, 512, 2048, 8192]

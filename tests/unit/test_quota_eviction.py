@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from tidal.placement import quota_eviction
 from tidal.placement.preemption import RunningGang
 from tidal.placement.quota_eviction import plan_quota_eviction
 
@@ -88,3 +89,31 @@ def test_exact_against_brute_force_on_random_namespaces():
         )
         assert got == expected, (gangs, shortfall, plan)
         assert len({e.gang for e in plan}) == len(plan)
+
+
+def test_the_greedy_above_the_exact_bound_covers_with_whole_gangs_dropped_and_shrunk(monkeypatch):
+    """Past EXACT_MAX_WORK: every plan covers the shortfall with distinct victims (None only when
+    all of them would not), and drops or shrinks what the cover does not need."""
+    monkeypatch.setattr(quota_eviction, "EXACT_MAX_WORK", 0)
+    plan = plan_quota_eviction([gang("lo", 0, 64), gang("hi", 5, 8)], 8)
+    assert [(e.gang, e.gpus) for e in plan] == [("lo", 64)], "lowest priority first, even when larger"
+    plan = plan_quota_eviction([gang("a", 0, 8), gang("b", 0, 64)], 8)
+    assert [(e.gang, e.gpus) for e in plan] == [("b", 64)], "largest first at equal priority"
+    plan = plan_quota_eviction([gang("e", 0, 16, 16, 16, 16, min_replicas=1), gang("f", 1, 64)], 20)
+    assert [(e.gang, e.gpus, e.whole) for e in plan] == [("e", 32, False)], "shrunk to what still covers"
+    rng = random.Random(9)
+    for _ in range(300):
+        gangs = [
+            gang(f"g{i}", rng.randint(0, 3), *[rng.choice([1, 3, 8])] * rng.randint(1, 3), min_replicas=1)
+            for i in range(rng.randint(1, 6))
+        ]
+        shortfall = rng.randint(1, sum(g.gpus for g in gangs) + 4)
+        plan = plan_quota_eviction(gangs, shortfall)
+        if shortfall > sum(g.gpus for g in gangs):
+            assert plan is None
+            continue
+        assert plan and sum(e.gpus for e in plan) >= shortfall
+        assert len({e.gang for e in plan}) == len(plan)
+        for dropped in range(len(plan)):
+            rest = sum(e.gpus for i, e in enumerate(plan) if i != dropped)
+            assert rest < shortfall, "every victim kept is needed"

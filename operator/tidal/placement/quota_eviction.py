@@ -8,7 +8,11 @@ back its highest DP replicas (down to its minimum) rather than go whole.
 
 Exact: a dynamic programme over the GPU totals reachable, kept only below the shortfall (a total
 that covers it is final, adding a victim only makes it worse), so its size is bounded by the
-shortfall's distinct sums, not by the number of subsets.
+shortfall's distinct sums, not by the number of subsets. Above `EXACT_MAX_WORK` (options times
+totals: hundreds of candidates of odd sizes and a shortfall of thousands of GPUs), a greedy in
+Kueue's manner: whole gangs, lowest priority and largest first, until covered, then each dropped
+again (largest first) if the rest still covers, and the last one shrunk to its fewest replicas
+that still cover.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from collections.abc import Sequence
 from math import gcd
 
 from tidal.placement.preemption import Eviction, RunningGang
+
+EXACT_MAX_WORK = 400_000
+"""Options times GPU totals (in units) above which the greedy plans: about half a second of the
+exact programme on this machine; the operator's cycle is single-threaded."""
 
 _Partial = tuple[int, tuple[int, ...], Eviction | None, "_Partial | None"]
 """(victims, their priorities highest first, the last eviction, the partial it extends) of one
@@ -33,7 +41,7 @@ def plan_quota_eviction(candidates: Sequence[RunningGang], shortfall: int) -> tu
     lose: 500 candidates and a 2,048-GPU shortfall plan in a fraction of a second."""
     if shortfall <= 0:
         return ()
-    options = [(gang, _options(gang)) for gang in sorted(candidates, key=lambda g: g.name)]
+    options = [(gang, found) for gang in sorted(candidates, key=lambda g: g.name) if (found := _options(gang))]
     unit = 0
     for _, evictions in options:
         for eviction in evictions:
@@ -41,6 +49,8 @@ def plan_quota_eviction(candidates: Sequence[RunningGang], shortfall: int) -> tu
     if unit == 0:
         return None
     need = -(-shortfall // unit)
+    if sum(len(evictions) for _, evictions in options) * need > EXACT_MAX_WORK:
+        return _greedy(options, shortfall)
     reachable: dict[int, _Partial] = {0: (0, (), None, None)}
     for gang, evictions in options:
         grown = dict(reachable)
@@ -67,6 +77,33 @@ def plan_quota_eviction(candidates: Sequence[RunningGang], shortfall: int) -> tu
         chosen.append(link[2])
         link = link[3]
     return tuple(reversed(chosen))
+
+
+def _greedy(options: list[tuple[RunningGang, list[Eviction]]], shortfall: int) -> tuple[Eviction, ...] | None:
+    """Whole gangs, lowest priority and largest first, until `shortfall` is covered; then each
+    taken gang dropped (largest first) if the others still cover it; then each remaining one
+    shrunk to its smallest option that still covers."""
+    order = sorted(options, key=lambda item: (item[0].priority, -item[0].gpus, item[0].name))
+    taken: list[tuple[RunningGang, list[Eviction]]] = []
+    total = 0
+    for gang, evictions in order:
+        if total >= shortfall:
+            break
+        taken.append((gang, evictions))
+        total += evictions[-1].gpus
+    if total < shortfall:
+        return None
+    chosen = {gang.name: evictions[-1] for gang, evictions in taken}
+    for gang, _ in sorted(taken, key=lambda item: -item[0].gpus):
+        if total - chosen[gang.name].gpus >= shortfall:
+            total -= chosen.pop(gang.name).gpus
+    for gang, evictions in taken:
+        if gang.name in chosen:
+            fits = [e for e in evictions if total - chosen[gang.name].gpus + e.gpus >= shortfall]
+            smallest = min(fits, key=lambda e: e.gpus)
+            total += smallest.gpus - chosen[gang.name].gpus
+            chosen[gang.name] = smallest
+    return tuple(chosen[gang.name] for gang, _ in taken if gang.name in chosen)
 
 
 def _options(gang: RunningGang) -> list[Eviction]:
