@@ -570,8 +570,8 @@ MUTANTS = [
     Mutant(
         "a mover does not wait for a holder whose checkpoint is done",
         TRAINING,
-        '        if checkpoint_done(job, eviction.get("requestedAt") or "") or cyc.now >= (',
-        '        if False and checkpoint_done(job, eviction.get("requestedAt") or "") or cyc.now >= (',
+        'if checkpoint_done(job, eviction.get("requestedAt") or "") or _deadline_passed(cyc, eviction):',
+        'if False and checkpoint_done(job, eviction.get("requestedAt") or "") or _deadline_passed(cyc, eviction):',
         MOVES + "test_a_mover_waits_only_for_leaving_work_the_gang_waits_for_too[done-False]",
     ),
     Mutant(

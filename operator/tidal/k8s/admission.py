@@ -28,11 +28,12 @@ from tidal.k8s.state import ResourceView
 from tidal.k8s.status import condition, set_condition
 from tidal.k8s.training import (
     DEFRAGMENTED,
-    groups_of_replicas,
+    evicted_for,
     holds_gpus,
     job_domain_problem,
     job_evictor,
     job_request,
+    leaving_groups,
     placement_of,
     reconcile_placed,
     shape_of,
@@ -176,13 +177,10 @@ def without_evictions_in_flight(
     """The snapshot as it will be once every eviction already under way has finished."""
     scratch = cyc.snapshot.copy()
     for view, status in statuses.values():
-        eviction = status.get("eviction")
-        if not eviction or not holds_gpus(status):
-            continue
-        shape = shape_of(view, status)
-        for group in groups_of_replicas(shape, status["placement"], eviction.get("replicas") or []):
+        groups, gpus_per_pod = leaving_groups(view, status)
+        for group in groups:
             for node in group["nodes"]:
-                scratch.release(node, shape.gpus_per_pod)
+                scratch.release(node, gpus_per_pod)
     book_rest_of_rooms(cyc, scratch)  # what leaving work frees on a mover's way back is the mover's
     return scratch
 
@@ -483,7 +481,6 @@ def _preempt_for_quota(
         return None
     shape = GangShape.of(view.spec, view.spec.get("dp", 1))
     priority = cyc.priorities.of(view)
-    prefix = view.ref + " "
     leaving: Counter[str | None] = Counter()
     departed: Counter[str | None] = Counter()
     may_go = []
@@ -493,15 +490,14 @@ def _preempt_for_quota(
             continue
         eviction = other_status.get("eviction")
         if holds_gpus(other_status) and eviction:
-            if eviction.get("reason") == "Preempted" and str(eviction.get("by", "")).startswith(prefix):
-                other_shape = shape_of(other, other_status)
-                groups = groups_of_replicas(other_shape, other_status["placement"], eviction.get("replicas") or [])
-                leaving[cyc.quotas.class_of(other)] += sum(len(g["nodes"]) for g in groups) * other_shape.gpus_per_pod
+            if eviction.get("reason") == "Preempted" and evicted_for(view, eviction.get("by")):
+                groups, gpus_per_pod = leaving_groups(other, other_status)
+                leaving[cyc.quotas.class_of(other)] += sum(len(g["nodes"]) for g in groups) * gpus_per_pod
         elif holds_gpus(other_status) and other.spec.get("preemptible") and cyc.priorities.of(other) < priority:
             may_go.append(other)
         history = other_status.get("evictionHistory") or [{}]
         last = history[-1]
-        if last.get("reason") == "Preempted" and str(last.get("by", "")).startswith(prefix):
+        if last.get("reason") == "Preempted" and evicted_for(view, last.get("by")):
             at = parse_time(last.get("at"))
             if at is not None and cyc.now - at < _departure_window(other):
                 departed[cyc.quotas.class_of(other)] += int(last.get("gpus") or 0)
@@ -550,7 +546,7 @@ def _leaving_for(view: ResourceView, statuses: dict[str, tuple[ResourceView, dic
     return sorted(
         (v.ref, s["eviction"].get("reason", ""))
         for v, s in statuses.values()
-        if s.get("eviction") and s["eviction"].get("by", "").startswith(view.ref + " ")
+        if s.get("eviction") and evicted_for(view, s["eviction"].get("by"))
     )
 
 

@@ -25,11 +25,11 @@ from tidal.k8s.training import (
     DEFRAGMENTED,
     GROWTH_NOT_STARTED,
     HISTORY_WINDOW,
-    groups_of_replicas,
     hold_domain_nodes,
     holds_gpus,
     job_domain_problem,
     job_request,
+    leaving_groups,
     placement_of,
     pool_evictor,
     shape_of,
@@ -69,11 +69,9 @@ def budget_used(cyc: Cycle, jobs: Statuses) -> int:
             at = parse_time(record.get("at"))
             if record.get("reason") in DISRUPTIONS and at is not None and at > hour_ago:
                 used += int(record.get("gpus", 0))
-        eviction = status.get("eviction")
-        if eviction and eviction.get("reason") in DISRUPTIONS and holds_gpus(status):
-            shape = shape_of(view, status)
-            evicting = groups_of_replicas(shape, status["placement"], eviction.get("replicas") or [])
-            used += sum(len(g["nodes"]) for g in evicting) * shape.gpus_per_pod
+        if (status.get("eviction") or {}).get("reason") in DISRUPTIONS:
+            evicting, gpus_per_pod = leaving_groups(view, status)
+            used += sum(len(g["nodes"]) for g in evicting) * gpus_per_pod
     return used
 
 

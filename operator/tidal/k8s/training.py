@@ -105,6 +105,16 @@ def groups_of_replicas(shape: GangShape, placement: list[dict[str, Any]], replic
     return [g for g in placement if not replicas or shape.replica_of_group(g["group"]) in replicas]
 
 
+def leaving_groups(view: ResourceView, status: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """(the groups an eviction under way will free, GPUs per pod): none when the job is not being
+    evicted or holds nothing."""
+    eviction = status.get("eviction")
+    if not eviction or not holds_gpus(status):
+        return [], 0
+    shape = shape_of(view, status)
+    return groups_of_replicas(shape, status["placement"], eviction.get("replicas") or []), shape.gpus_per_pod
+
+
 def placement_of(plan: PlacementPlan) -> list[dict[str, Any]]:
     return [{"group": g.group, "supernode": g.supernode, "nodes": list(g.nodes)} for g in plan.groups]
 
@@ -943,10 +953,20 @@ def _no_longer_wanted(cyc: Cycle, eviction: dict[str, Any]) -> str | None:
     return None
 
 
-def _job_no_longer_waiting(cyc: Cycle, by: str) -> str | None:
+def evicted_for(job: ResourceView, by: object) -> bool:
+    """Whether an eviction's (or its record's) `by` names this job (`job_evictor`)."""
+    return str(by or "").startswith(job.ref + " ")
+
+
+def _job_named_by(cyc: Cycle, by: str) -> tuple[str, ResourceView | None]:
+    """(namespace/name, the TrainingJob) an eviction's `by` names (`job_evictor`)."""
     ref = by.partition(" ")[0]
     namespace, _, name = ref.partition("/")
-    job = cyc.state.jobs.get((namespace, name))
+    return ref, cyc.state.jobs.get((namespace, name))
+
+
+def _job_no_longer_waiting(cyc: Cycle, by: str) -> str | None:
+    ref, job = _job_named_by(cyc, by)
     if job is None or job.deleting:
         return f"{ref} is gone"
     if job.spec.get("suspend"):
@@ -996,7 +1016,7 @@ def _continue_eviction(
         # now, so time the operator was down since the decision is never counted as waiting.
         eviction = {**eviction, "askedAt": cyc.stamp, "deadline": _grace_deadline(cyc, view)}
         status = {**status, "eviction": eviction}
-    expired = cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
+    expired = _deadline_passed(cyc, eviction)
     if not (done or expired or broken or exited):
         return status
     if done and not (expired or broken or exited):
@@ -1075,8 +1095,7 @@ def _way_back_held_by(cyc: Cycle, view: ResourceView, eviction: dict[str, Any]) 
     nodes = cyc.snapshot.nodes
     if not short or any(nodes.get(n) is None or not nodes[n].ready for n in room.wanted):
         return []
-    namespace, _, name = (eviction.get("by") or "").partition(" ")[0].partition("/")
-    gang = cyc.state.jobs.get((namespace, name))
+    _, gang = _job_named_by(cyc, eviction.get("by") or "")
     hold = cyc.held_before.get(gang.uid) if gang is not None else None
     if hold is None:
         return []
@@ -1098,17 +1117,20 @@ def _leaving_nodes(cyc: Cycle) -> dict[str, frozenset[str]]:
     out = {}
     for job in cyc.state.jobs.values():
         status = cyc.writer.effective(job)
-        eviction = status.get("eviction")
-        if not eviction or not holds_gpus(status):
+        groups, _ = leaving_groups(job, status)
+        if not groups:
             continue
-        if checkpoint_done(job, eviction.get("requestedAt") or "") or cyc.now >= (
-            parse_time(eviction.get("deadline")) or cyc.now
-        ):
+        eviction = status["eviction"]
+        if checkpoint_done(job, eviction.get("requestedAt") or "") or _deadline_passed(cyc, eviction):
             continue
-        groups = groups_of_replicas(shape_of(job, status), status["placement"], eviction.get("replicas") or [])
         out[job.ref] = frozenset(node for group in groups for node in group["nodes"])
     cyc.scratch["leaving_nodes"] = out
     return out
+
+
+def _deadline_passed(cyc: Cycle, eviction: dict[str, Any]) -> bool:
+    """The eviction's grace period is over (one without a deadline counts as over)."""
+    return cyc.now >= (parse_time(eviction.get("deadline")) or cyc.now)
 
 
 def _awaiting_way_back(cyc: Cycle, view: ResourceView, status: dict[str, Any], held_by: list[str]) -> dict[str, Any]:
