@@ -18,6 +18,7 @@ import yaml
 
 from tidal.dashboard import queries
 from tidal.k8s.api import Api, load_client
+from tidal.k8s.disruption_ledger import CONFIGMAP_NAME, DATA_KEY
 from tidal.k8s.watch import TABLES
 
 from .kube import REPO, Kube, eventually, token_kubeconfig
@@ -57,6 +58,8 @@ def test_helm_lint_and_template(kube: Kube):
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
             "ClusterKopfPeering",
             "Deployment",
             "Service",
@@ -73,6 +76,7 @@ def test_helm_lint_and_template(kube: Kube):
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]
+    assert f"--state-namespace={NAMESPACE}" in container["args"], "the disruption ledger is in the release's namespace"
     rule = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule")
     promtool_tested = yaml.safe_load((CHART / "files" / "tidal-alerts.yaml").read_text())
     assert rule["spec"] == promtool_tested, "the PrometheusRule carries the promtool-tested rules"
@@ -212,6 +216,14 @@ def test_install_rbac_and_dashboard_queries(
 
     # The index audit's LIST of every watched kind is allowed to that identity.
     sa_api = Api(load_client(str(kubeconfig)), workers=1)
+    # The disruption ledger's ConfigMap, and no other, is read and written in the release's namespace.
+    assert as_sa.run("auth", "can-i", "get", "configmaps", "-n", NAMESPACE, check=False).stdout.strip() == "no"
+    assert sa_api.read_config_map(NAMESPACE, CONFIGMAP_NAME) is None
+    sa_api.save_config_map(NAMESPACE, CONFIGMAP_NAME, {DATA_KEY: "[]"})  # made
+    row = {"job": "uid-1", "at": "2026-05-01T12:00:00Z", "gpus": 8}
+    sa_api.save_config_map(NAMESPACE, CONFIGMAP_NAME, {DATA_KEY: json.dumps([row])})
+    assert json.loads(sa_api.read_config_map(NAMESPACE, CONFIGMAP_NAME)[DATA_KEY])[0]["gpus"] == 8  # patched
+    kube.delete("configmap", CONFIGMAP_NAME, "-n", NAMESPACE)
     listed = {kind: sa_api.list_keys(kind) for kind in TABLES}  # a 403 would raise
     assert listed["node"] and listed["supernode"] and listed["priorityclass"]
     # Sufficient: with only that identity, the operator runs both scenarios.
@@ -226,6 +238,8 @@ def test_install_rbac_and_dashboard_queries(
         str(metrics_port),
         "--discover-supernodes",
         "tidal.dev/supernode",
+        "--state-namespace",
+        NAMESPACE,
     )
     sa_operator.start()
     prometheus, prom_port = start_prometheus(tmp_path, metrics_port)
@@ -263,6 +277,7 @@ def test_install_rbac_and_dashboard_queries(
         events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=rbac-train")["items"]
         assert any(e["reason"] == "Admitted" for e in events), "events are allowed"
         assert "Forbidden" not in sa_operator.logs() and "forbidden" not in sa_operator.logs()
+        assert "disruption ledger not read or saved" not in sa_operator.logs()
 
         # Every dashboard query parses and returns data from a real Prometheus.
         eventually(

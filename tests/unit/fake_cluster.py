@@ -48,6 +48,7 @@ class FakeCluster:
         """Services made by apply_service (the pools'), as the API server would return them."""
         self.priority_classes: dict[str, PriorityClassView] = {}
         self.quotas: dict[tuple[str, str], QuotaView] = {}
+        self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
         for sn in build_fleet(shape, supernodes):
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
@@ -266,6 +267,15 @@ class FakeCluster:
             self.objects[key] = replace(
                 view, annotations=_merge(view.annotations, annotations), resource_version=self._next_version()
             )
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        self._log("get_configmap", (namespace, name))
+        data = self.config_maps.get((namespace, name))
+        return None if data is None else dict(data)
+
+    def save_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        self._log("save_configmap", (namespace, name))
+        self.config_maps[(namespace, name)] = {**self.config_maps.get((namespace, name), {}), **data}
 
     def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
         self._log("create_supernode", name)

@@ -35,6 +35,8 @@ QUOTAS = "k8s/quota.py"
 ROOMS = "k8s/return_rooms.py"
 REGROW = "k8s/rebalancing.py"
 TRAINING = "k8s/training.py"
+CONTROLLER = "k8s/controller.py"
+LEDGER = "k8s/disruption_ledger.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
 PLACEMENT = "tests/unit/test_placement.py::"
 PREEMPT = "tests/unit/test_preemption.py::"
@@ -45,6 +47,8 @@ ROOM_TESTS = "tests/unit/test_return_rooms.py::"
 GRACE = "tests/unit/test_checkpoint_grace.py::"
 QUOTA_TESTS = "tests/unit/test_quota_eviction.py::"
 TENANCY = "tests/unit/test_tenancy.py::"
+REBALANCE = "tests/unit/test_rebalance.py::"
+DELETED_JOB_BUDGET = REBALANCE + "test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restart"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (
@@ -64,6 +68,9 @@ SAFETY = {
     # Nothing is evicted for a quota when it may not be or would not make the job fit.
     ADMISSION: (TENANCY + "test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not",),
     QUOTAS: (TENANCY + "test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not",),
+    # The disruption budget binds on the jobs still there.
+    CONTROLLER: (REBALANCE + "test_disruption_budget_is_respected_by_the_operator",),
+    LEDGER: (REBALANCE + "test_disruption_budget_is_respected_by_the_operator",),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
     TRAINING: (
         GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
@@ -580,6 +587,28 @@ MUTANTS = [
         "not leaving.isdisjoint(short) and not leaving.isdisjoint(hold.nodes)",
         "not leaving.isdisjoint(short)",
         MOVES + "test_a_mover_waits_only_for_leaving_work_the_gang_waits_for_too[not on the gang's nodes-False]",
+    ),
+    # the disruption budget (k8s/disruption_ledger.py)
+    Mutant(
+        "a deleted job's evictions of the hour still count against the budget",
+        REGROW,
+        "used = cyc.deleted_disruption_gpus",
+        "used = 0",
+        DELETED_JOB_BUDGET + "[once suspended]",
+    ),
+    Mutant(
+        "a restarted operator reads the ledger back",
+        CONTROLLER,
+        "self.ledger.merge(self.api.read_config_map(namespace, CONFIGMAP_NAME), now)",
+        "pass",
+        DELETED_JOB_BUDGET + "[once suspended]",
+    ),
+    Mutant(
+        "an eviction under way when its job is deleted counts as taken",
+        LEDGER,
+        "self._add(LedgerRecord(view.uid, now, leaving_disruption_gpus(view, status)))",
+        "pass",
+        DELETED_JOB_BUDGET + "[while checkpointing]",
     ),
 ]
 

@@ -607,3 +607,63 @@ def test_a_pool_waiting_for_freed_gpus_holds_back_growth_on_its_accelerator_only
     run(cluster, controller, cycles=4)
     assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 0
     assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == night_dp
+
+
+def budget_cluster() -> FakeCluster:
+    """4 racks x 72 GPUs: two preemptible jobs of 32 GPUs ("small" of the lowest priority, the
+    rebalancer's first victim, and "other"), one of 192, 32 GPUs free, and a pool of 8-GPU replicas."""
+    cluster = FakeCluster("nvl72", 4)
+    cluster.add_priority_class("scratch", 0)
+    cluster.add_priority_class("training", 1)
+    cluster.add_priority_class("serving", 1000)
+    group = {"tp": 4, "ep": 2, "pp": 1, "gpusPerPod": 4, "preemptible": True, "template": TEMPLATE}
+    cluster.add("TrainingJob", "ml", "small", {**group, "dp": 4, "priorityClassName": "scratch"})
+    cluster.add("TrainingJob", "ml", "other", {**group, "dp": 4, "priorityClassName": "training"})
+    cluster.add("TrainingJob", "ml", "big", {**group, "dp": 24, "priorityClassName": "training"})
+    pool = {"minReplicas": 0, "maxReplicas": 16, "tp": 8, "gpusPerPod": 4, "priorityClassName": "serving"}
+    cluster.add("InferencePool", "serve", "chat", {**pool, "template": TEMPLATE, "load": {"targetPerReplica": 1}})
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
+    return cluster
+
+
+@pytest.mark.parametrize("mid_eviction", [False, True], ids=["once suspended", "while checkpointing"])
+def test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restart(mid_eviction: bool):
+    """The rebalancer evicts a job within the budget, the job is deleted (once suspended, or before
+    its checkpoint is done: an eviction under way counts as taken), the operator restarts: the
+    hour's budget is still used up (the records moved to the ledger's ConfigMap), so a second job
+    is not evicted until the hour has passed."""
+    cluster = budget_cluster()
+    clock = FixedClock(at("12:00"))
+    settings = ControllerSettings(
+        rebalance=RebalanceSettings(disruption_budget_gpus_per_hour=32), state_namespace="tidal-system"
+    )
+    controller = Controller(cluster, clock, settings)
+    run(cluster, controller)
+    assert cluster.status("TrainingJob", "ml", "other")["phase"] == "Running"
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "8"})  # 4 replicas free, 4 evicted
+    run(cluster, controller)
+    small = cluster.status("TrainingJob", "ml", "small")
+    assert small["eviction"]["reason"] == "Rebalanced" and "evictionHistory" not in small
+    if not mid_eviction:
+        cluster.annotate("TrainingJob", "ml", "small", {"tidal.dev/checkpoint-done": rfc3339(clock.now())})
+        clock.advance(seconds=30)
+        run(cluster, controller, cycles=4)
+        small = cluster.status("TrainingJob", "ml", "small")
+        assert [r["gpus"] for r in small["evictionHistory"] if r["reason"] == "Rebalanced"] == [32]
+        assert cluster.status("InferencePool", "serve", "chat")["placedReplicas"] == 8
+    del cluster.objects[("TrainingJob", "ml", "small")]  # its records go with it
+    for key in [k for k, pod in cluster.pods.items() if pod["metadata"]["labels"].get("tidal.dev/job") == "small"]:
+        del cluster.pods[key]  # the garbage collector's part
+    clock.advance(minutes=5)
+    run(cluster, controller)
+    assert ("tidal-system", "tidal-disruptions") in cluster.config_maps
+    controller = Controller(cluster, clock, settings)  # a restarted operator
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})  # 4 more: only by evicting
+    run(cluster, controller, cycles=4)
+    status = cluster.status("InferencePool", "serve", "chat")
+    assert status["placedReplicas"] == 8 and "disruption budget" in status["reason"]
+    assert all("eviction" not in cluster.status("TrainingJob", "ml", name) for name in ("other", "big"))
+    clock.advance(minutes=61)  # the small job's eviction (ended by its deletion, at the latest) is over an hour old
+    run(cluster, controller, cycles=4)
+    assert cluster.status("TrainingJob", "ml", "other")["eviction"]["reason"] == "Rebalanced"
+    assert cluster.config_maps[("tidal-system", "tidal-disruptions")] == {"records.json": "[]"}, "aged out"

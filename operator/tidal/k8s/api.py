@@ -496,6 +496,33 @@ class Api:
             if e.status != 404:
                 raise
 
+    # -- the operator's own state (k8s/disruption_ledger.py) ----------------------------------
+    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's data, or None when there is none of that name."""
+        try:
+            read = self._call("get_configmap", self.core.read_namespaced_config_map, name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(read.data or {})
+
+    def save_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        """Set the ConfigMap's data keys (made if missing). Only the one active replica writes it."""
+        try:
+            self._call("patch_configmap", self.core.patch_namespaced_config_map, name, namespace, {"data": data})
+            return
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "tidal"}},
+            "data": data,
+        }
+        self._call("create_configmap", self.core.create_namespaced_config_map, namespace, body)
+
     def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
         body = {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",

@@ -23,6 +23,7 @@ from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
 from tidal.k8s.deletions import DeletionNudger
+from tidal.k8s.disruption_ledger import CONFIGMAP_NAME, DisruptionLedger
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
@@ -38,6 +39,7 @@ from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
 from tidal.k8s.training import (
     EVICTIONS_STARTED,
+    HISTORY_WINDOW,
     allocations,
     domain_held_nodes,
     holds_gpus,
@@ -70,6 +72,9 @@ class ControllerSettings:
     """Operator flag --admission-timeout: a gang's pods not all bound and Running this long after
     they were placed have their groups placed again (Kueue's waitForPodsReady); 0 turns it off."""
     """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
+    state_namespace: str | None = None
+    """Operator flag --state-namespace: where the disruption ledger's ConfigMap lives (None: kept
+    in memory only, so a restart forgets deleted jobs' evictions of the last hour)."""
 
 
 @dataclass
@@ -139,6 +144,11 @@ class Controller:
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
         self.nudger = DeletionNudger()
         """Deleted objects kopf's finalizer still holds: see deletions.py."""
+        self.ledger = DisruptionLedger()
+        self._ledger_read = False
+        """Whether the ledger's ConfigMap was merged since the last resync (another replica may
+        have saved records while this one stood by)."""
+        self._ledger_failing = False
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -171,6 +181,7 @@ class Controller:
         if now < self._next_resync:
             return False
         self._next_resync = now + self.settings.resync_seconds
+        self._ledger_read = False
         # With the full listing, every pool Service is read again and repaired.
         self.applied_services, self.service_conflicts = {}, {}
         return True
@@ -296,9 +307,34 @@ class Controller:
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
         return out
 
+    def _keep_disruptions(self, now: dt.datetime) -> int:
+        """Move deleted jobs' recent disruptions to the ledger, bring its ConfigMap up to date, and
+        return the GPUs it holds for the budget's current hour."""
+        for view in self.cache.deleted_jobs:
+            self.ledger.add_deleted(view, self.writer.effective(view), now)
+        self.cache.deleted_jobs.clear()
+        self.ledger.age_out(now)
+        namespace = self.settings.state_namespace
+        if namespace:
+            try:
+                if not self._ledger_read:
+                    self.ledger.merge(self.api.read_config_map(namespace, CONFIGMAP_NAME), now)
+                    self._ledger_read = True
+                if self.ledger.changed:
+                    self.api.save_config_map(namespace, CONFIGMAP_NAME, self.ledger.data())
+                    self.ledger.changed = False
+                self._ledger_failing = False
+            except Exception as e:  # the budget then counts what this replica knows; retried next cycle
+                if not self._ledger_failing:
+                    log.warning("disruption ledger not read or saved", namespace=namespace, error=str(e))
+                self._ledger_failing = True
+        return self.ledger.gpus_since(now - HISTORY_WINDOW)
+
     def _cycle(self) -> CycleReport:
         started = time.monotonic()
         cache = self.cache
+        now = self.clock.now()
+        deleted_disruption_gpus = self._keep_disruptions(now)  # before the writer forgets the deleted
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
             view.uid: (view, self.writer.effective(view)) for view in cache.jobs.values()
         }
@@ -318,13 +354,14 @@ class Controller:
             snapshot,
             self.api,
             self.writer,
-            self.clock.now(),
+            now,
             deleted_uids=self.deleted_uids,
             pending_memo=self.pending_memo,
             held_before=dict(self.holds),
             holds_mark=hash(frozenset(self.holds.items())),
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
+            deleted_disruption_gpus=deleted_disruption_gpus,
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
             priorities=self.priorities(),

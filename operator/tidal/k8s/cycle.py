@@ -143,6 +143,8 @@ class Cycle:
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
     """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
+    deleted_disruption_gpus: int = 0
+    """GPUs the disruption budget counts in this hour from jobs deleted since (k8s/disruption_ledger.py)."""
     domain_supernodes: frozenset[str] = frozenset()
     """Supernodes whose own choice is to give jobs NVIDIA ComputeDomains (multi-node NVLink)."""
     domains_installed: Callable[[], bool] = lambda: False

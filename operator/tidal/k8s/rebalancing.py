@@ -14,6 +14,7 @@ from tidal.clock import parse_time
 from tidal.k8s.admission import reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
+from tidal.k8s.disruption_ledger import disruption_records, leaving_disruption_gpus
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import LoadPoller, add_replicas, pool_conditions, pool_load, reconcile_pool, spec_problem
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
@@ -22,14 +23,13 @@ from tidal.k8s.return_rooms import room_groups, take_return_room
 from tidal.k8s.state import ResourceView
 from tidal.k8s.status import set_condition
 from tidal.k8s.training import (
-    DEFRAGMENTED,
     GROWTH_NOT_STARTED,
     HISTORY_WINDOW,
+    REBALANCED,
     hold_domain_nodes,
     holds_gpus,
     job_domain_problem,
     job_request,
-    leaving_groups,
     placement_of,
     pool_evictor,
     shape_of,
@@ -40,7 +40,6 @@ from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, p
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
 
 Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
-REBALANCED = "Rebalanced"
 
 
 @dataclass
@@ -56,22 +55,14 @@ class RebalanceSettings:
     """Prometheus load source name -> base URL (operator flag --load-source): pools name one."""
 
 
-DISRUPTIONS = frozenset({REBALANCED, DEFRAGMENTED})
-"""Eviction reasons that draw on the hourly disruption budget: the rebalancer's and defragmentation's."""
-
-
 def budget_used(cyc: Cycle, jobs: Statuses) -> int:
-    """Training GPUs evicted (or being evicted) by the rebalancer or defragmentation in the last hour."""
+    """Training GPUs evicted (or being evicted) by the rebalancer or defragmentation in the last
+    hour, from jobs deleted since included (`cyc.deleted_disruption_gpus`)."""
     hour_ago = cyc.now - HISTORY_WINDOW
-    used = 0
+    used = cyc.deleted_disruption_gpus
     for view, status in jobs.values():
-        for record in status.get("evictionHistory", []):
-            at = parse_time(record.get("at"))
-            if record.get("reason") in DISRUPTIONS and at is not None and at > hour_ago:
-                used += int(record.get("gpus", 0))
-        if (status.get("eviction") or {}).get("reason") in DISRUPTIONS:
-            evicting, gpus_per_pod = leaving_groups(view, status)
-            used += sum(len(g["nodes"]) for g in evicting) * gpus_per_pod
+        used += sum(gpus for _, gpus in disruption_records(status, hour_ago))
+        used += leaving_disruption_gpus(view, status)
     return used
 
 

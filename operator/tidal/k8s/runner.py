@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         max_cycle_age_seconds=args.max_cycle_age,
         spec_priority=args.spec_priority,
         admission_timeout_seconds=args.admission_timeout,
+        state_namespace=args.state_namespace,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
@@ -167,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="most training GPUs the rebalancer may evict per hour (default: no limit)",
+    )
+    parser.add_argument(
+        "--state-namespace",
+        default=None,
+        metavar="NAMESPACE",
+        help="keep the disruption budget's records of deleted jobs in the ConfigMap tidal-disruptions "
+        "there, so a restart keeps them (default: in memory only)",
     )
     parser.add_argument(
         "--scale-down-stabilization",

@@ -35,6 +35,8 @@ from tidal.placement.compute_domains import (
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
 DEFRAGMENTED = "Defragmented"
 """Eviction reason of a defragmentation move."""
+REBALANCED = "Rebalanced"
+"""Eviction reason of the rebalancer's (GPUs given to an InferencePool)."""
 REFUSED_NODES_MAX = 256
 """status.refusedNodes keeps at most this many (the CRD's bound)."""
 GROWTH_NOT_STARTED = "GrowthNotStarted"

@@ -91,6 +91,9 @@ class WatchCache:
         self.membership_version = 0
         self._events: collections.deque[tuple[Any, Any, Any]] = collections.deque()
         self._gone: dict[tuple[str, Any], Any] = {}
+        self.deleted_jobs: list[ResourceView] = []
+        """Final views of TrainingJobs gone from the cache since the controller last took them
+        (their disruption records move to the ledger: k8s/disruption_ledger.py)."""
         """(kind, key) -> the view of an object found deleted behind the watch's back (`forget`)."""
 
     # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
@@ -146,6 +149,9 @@ class WatchCache:
         elif kind == "supernode":
             self._put_resource(self.supernodes, key, view, members=True)
         elif kind == "job":
+            gone = self.jobs.get(key)
+            if gone is not None and (view is None or view.uid != gone.uid):  # deleted, or made anew while unwatched
+                self.deleted_jobs.append(gone)
             self._put_resource(self.jobs, key, view)
         elif kind == "pool":
             self._put_resource(self.pools, key, view)
