@@ -161,6 +161,8 @@ class ClusterCollector:
         "tidal_api_requests",
         "tidal_pending_jobs",
         "tidal_stranded_gpus",
+        "tidal_nodes_not_ready",
+        "tidal_mass_not_ready",
     )
 
     def __init__(self, controller: Controller | None = None):
@@ -216,6 +218,11 @@ class ClusterCollector:
             "tidal_stranded_gpus",
             "Free accelerators no pending HBD-group size can use (per supernode, summed; 0 when nothing is pending)",
         )
+        not_ready = GaugeMetricFamily("tidal_nodes_not_ready", "Nodes whose Ready condition is not True")
+        mass = GaugeMetricFamily(
+            "tidal_mass_not_ready",
+            "1 while most nodes are NotReady at once (a control-plane outage): NotReady alone restarts no group",
+        )
         families: list[Metric] = [
             sn_gpus,
             largest_slice,
@@ -229,6 +236,8 @@ class ClusterCollector:
             api,
             pending_jobs,
             stranded,
+            not_ready,
+            mass,
         ]
         report = controller.last_report if controller is not None else None
         cyc = report.cycle if report is not None else None
@@ -238,6 +247,8 @@ class ClusterCollector:
             violations.add_metric([], float(len(self._violating)))
             overbooked.add_metric([], 0.0)
             stranded.add_metric([], 0.0)
+            not_ready.add_metric([], 0.0)
+            mass.add_metric([], 0.0)
             for reason in PENDING_REASONS:
                 pending_jobs.add_metric([reason], 0.0)
             if controller is not None:
@@ -277,6 +288,8 @@ class ClusterCollector:
         overbooked.add_metric([], float(sum(max(n.allocated - n.gpus, 0) for n in snapshot.nodes.values())))
         for verb, n in controller.api.requests.items():
             api.add_metric([verb], float(n))
+        not_ready.add_metric([], float(len(controller.cache.not_ready)))
+        mass.add_metric([], 1.0 if cyc.mass_not_ready else 0.0)
         return families
 
     def _hbd_violations(self, controller: Controller, members: dict[str, Any]) -> None:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from tidal.dashboard import queries
 from tidal.k8s.api import Api, load_client
-from tidal.k8s.disruption_ledger import CONFIGMAP_NAME, DATA_KEY
+from tidal.k8s.disruption_ledger import CONFIGMAP_SUFFIX, DATA_KEY
 from tidal.k8s.watch import TABLES
 
 from .kube import REPO, Kube, eventually, token_kubeconfig
@@ -102,6 +103,7 @@ def test_helm_lint_and_template(kube: Kube):
     assert bad.returncode != 0 and "apiTimeoutSeconds" in bad.stderr
     # The tide's hysteresis: the operator's defaults unless set (a slow load wave wants longer).
     assert "--scale-down-stabilization=300" in args and "--grow-back-cooldown=600" in args
+    assert "--not-ready-grace=30" in args
     slow = ["--set", "operator.scaleDownStabilizationSeconds=1800", "--set", "operator.growBackCooldownSeconds=3600"]
     rendered = helm(kube, "template", RELEASE, str(CHART), *slow).stdout
     deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
@@ -218,12 +220,22 @@ def test_install_rbac_and_dashboard_queries(
     sa_api = Api(load_client(str(kubeconfig)), workers=1)
     # The disruption ledger's ConfigMap, and no other, is read and written in the release's namespace.
     assert as_sa.run("auth", "can-i", "get", "configmaps", "-n", NAMESPACE, check=False).stdout.strip() == "no"
-    assert sa_api.read_config_map(NAMESPACE, CONFIGMAP_NAME) is None
-    sa_api.save_config_map(NAMESPACE, CONFIGMAP_NAME, {DATA_KEY: "[]"})  # made
+    ledger = RELEASE + CONFIGMAP_SUFFIX  # named after the release's peering name
+    assert sa_api.read_config_map(NAMESPACE, ledger) == (None, None)
+    sa_api.save_config_map(NAMESPACE, ledger, {DATA_KEY: "[]"}, None)  # made
+    with pytest.raises(ApiException) as made_twice:
+        sa_api.save_config_map(NAMESPACE, ledger, {DATA_KEY: "[]"}, None)
+    assert made_twice.value.status == 409
+    _, version = sa_api.read_config_map(NAMESPACE, ledger)
     row = {"job": "uid-1", "at": "2026-05-01T12:00:00Z", "gpus": 8}
-    sa_api.save_config_map(NAMESPACE, CONFIGMAP_NAME, {DATA_KEY: json.dumps([row])})
-    assert json.loads(sa_api.read_config_map(NAMESPACE, CONFIGMAP_NAME)[DATA_KEY])[0]["gpus"] == 8  # patched
-    kube.delete("configmap", CONFIGMAP_NAME, "-n", NAMESPACE)
+    sa_api.save_config_map(NAMESPACE, ledger, {DATA_KEY: json.dumps([row])}, version)  # patched at that version
+    data, newer = sa_api.read_config_map(NAMESPACE, ledger)
+    assert json.loads(data[DATA_KEY])[0]["gpus"] == 8 and newer != version
+    with pytest.raises(ApiException) as stale:  # a replica that read before that write overwrites nothing
+        sa_api.save_config_map(NAMESPACE, ledger, {DATA_KEY: "[]"}, version)
+    assert stale.value.status == 409
+    assert json.loads(sa_api.read_config_map(NAMESPACE, ledger)[0][DATA_KEY])[0]["gpus"] == 8
+    kube.delete("configmap", ledger, "-n", NAMESPACE)
     listed = {kind: sa_api.list_keys(kind) for kind in TABLES}  # a 403 would raise
     assert listed["node"] and listed["supernode"] and listed["priorityclass"]
     # Sufficient: with only that identity, the operator runs both scenarios.

@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from tidal.k8s import labels
 from tidal.k8s.api import StatusConflict
 from tidal.k8s.compact import from_wire
@@ -48,7 +50,8 @@ class FakeCluster:
         """Services made by apply_service (the pools'), as the API server would return them."""
         self.priority_classes: dict[str, PriorityClassView] = {}
         self.quotas: dict[tuple[str, str], QuotaView] = {}
-        self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
+        self.config_maps: dict[tuple[str, str], tuple[dict[str, str], str]] = {}
+        """(namespace, name) -> (data, resourceVersion)."""
         for sn in build_fleet(shape, supernodes):
             for n in sn.nodes:
                 self.nodes[n.name] = node_view(
@@ -268,14 +271,18 @@ class FakeCluster:
                 view, annotations=_merge(view.annotations, annotations), resource_version=self._next_version()
             )
 
-    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+    def read_config_map(self, namespace: str, name: str) -> tuple[dict[str, str] | None, str | None]:
         self._log("get_configmap", (namespace, name))
-        data = self.config_maps.get((namespace, name))
-        return None if data is None else dict(data)
+        held = self.config_maps.get((namespace, name))
+        return (None, None) if held is None else (dict(held[0]), held[1])
 
-    def save_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
+    def save_config_map(self, namespace: str, name: str, data: dict[str, str], resource_version: str | None) -> None:
+        """As the API server: made only if missing, patched only at the resourceVersion read (else 409)."""
         self._log("save_configmap", (namespace, name))
-        self.config_maps[(namespace, name)] = {**self.config_maps.get((namespace, name), {}), **data}
+        held = self.config_maps.get((namespace, name))
+        if (held[1] if held else None) != resource_version:
+            raise ApiException(status=409, reason="Conflict")
+        self.config_maps[(namespace, name)] = ({**(held[0] if held else {}), **data}, self._next_version())
 
     def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
         self._log("create_supernode", name)

@@ -522,3 +522,58 @@ def test_a_group_whose_pod_failed_goes_back_on_that_node_when_nothing_else_fits(
     assert status["phase"] == "Running" and status["restarts"] == 1
     assert sorted(status["placement"][0]["nodes"]) == sorted(before), "re-placed in its group, not queued whole"
     assert not [d for v, d in cluster.calls if v == "event" and "restarting the whole gang" in d[2]]
+
+
+@pytest.mark.parametrize("not_ready", [2, 3], ids=["a rack's share", "most nodes"])
+def test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do(not_ready: int):
+    """4 racks of 18 nodes: a job's 2 racks NotReady (36 of 72 nodes, under the 0.55 share) are
+    failed machines, placed again once the grace has passed (more than 2 NotReady: an outage may
+    still be spreading); with a third rack (54 of 72) the control plane is the suspect
+    (kube-controller-manager's partial disruption) and nothing restarts, job or pool, until the
+    nodes are Ready again, when nothing has changed; a node deleted meanwhile still breaks its group."""
+    cluster = FakeCluster("nvl72", 4)
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 2, "gpusPerPod": 4, "template": TEMPLATE})
+    pool = {"minReplicas": 1, "maxReplicas": 1, "tp": 4, "gpusPerPod": 4, "template": TEMPLATE}
+    cluster.add("InferencePool", "serve", "chat", pool)
+    clock = FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC))
+    controller = Controller(cluster, clock)
+    run(cluster, controller)
+    before = cluster.status("TrainingJob", "ml", "job")
+    replica = cluster.status("InferencePool", "serve", "chat")["placement"][0]
+    used = {g["supernode"] for g in before["placement"]} | {replica["supernode"]}
+    down = sorted(used) + sorted(set(f"nvl72-{i:04d}" for i in range(4)) - used)
+    racks = down[:not_ready]
+    assert used <= set(racks), "the workloads' racks go down first"
+    for name in [n for n in cluster.nodes if n.rsplit("-", 1)[0] in racks]:
+        cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], ready=False)
+    cluster.calls.clear()
+    run(cluster, controller, cycles=3)
+    assert not [d for v, d in cluster.calls if v == "delete_pod"], "more than 2 NotReady: the grace first"
+    clock.advance(seconds=31)  # past --not-ready-grace (30 s)
+    run(cluster, controller, cycles=3)
+    after = cluster.status("TrainingJob", "ml", "job")
+    deleted = [d for v, d in cluster.calls if v == "delete_pod"]
+    if not_ready == 2:
+        assert deleted and after["placement"] != before["placement"], "failed machines: placed again"
+        return
+    assert controller.not_ready.mass and not deleted, "a control-plane outage: nothing restarts"
+    assert after["placement"] == before["placement"] and after["phase"] == "Running"
+    assert cluster.status("InferencePool", "serve", "chat")["placement"][0]["nodes"] == replica["nodes"]
+    gone = before["placement"][0]["nodes"][0]
+    del cluster.nodes[gone]  # deleted meanwhile: gone for good, outage or not
+    run(cluster, controller, cycles=3)
+    assert gone not in cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    for name, node in list(cluster.nodes.items()):
+        cluster.nodes[name] = dataclasses.replace(node, ready=True)
+    run(cluster, controller, cycles=2)
+    assert not controller.not_ready.mass
+
+
+def test_the_mass_not_ready_share_is_kube_controller_managers():
+    from tidal.k8s.outage import mass_not_ready
+
+    assert not mass_not_ready(0, 0) and not mass_not_ready(0, 10)
+    assert mass_not_ready(1, 1) and mass_not_ready(2, 2), "none Ready: full disruption"
+    assert not mass_not_ready(2, 3), "partial disruption needs more than 2 NotReady"
+    assert mass_not_ready(3, 5) and not mass_not_ready(3, 6) and mass_not_ready(55, 100)
+    assert not mass_not_ready(54, 100)

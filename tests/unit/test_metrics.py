@@ -32,6 +32,8 @@ NAMES = (
     "tidal_cycles_total",
     "tidal_pending_jobs",
     "tidal_evictions_total",
+    "tidal_nodes_not_ready",
+    "tidal_mass_not_ready",
 )
 
 

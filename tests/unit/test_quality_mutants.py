@@ -35,8 +35,10 @@ QUOTAS = "k8s/quota.py"
 ROOMS = "k8s/return_rooms.py"
 REGROW = "k8s/rebalancing.py"
 TRAINING = "k8s/training.py"
-CONTROLLER = "k8s/controller.py"
 LEDGER = "k8s/disruption_ledger.py"
+POOLS = "k8s/pools.py"
+OUTAGE = "k8s/outage.py"
+CONTROLLER = "k8s/controller.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
 PLACEMENT = "tests/unit/test_placement.py::"
 PREEMPT = "tests/unit/test_preemption.py::"
@@ -48,6 +50,11 @@ GRACE = "tests/unit/test_checkpoint_grace.py::"
 QUOTA_TESTS = "tests/unit/test_quota_eviction.py::"
 TENANCY = "tests/unit/test_tenancy.py::"
 REBALANCE = "tests/unit/test_rebalance.py::"
+LEDGER_TESTS = "tests/unit/test_disruption_ledger.py::"
+FAILURES = "tests/unit/test_failures.py::"
+MASS_NOT_READY = FAILURES + "test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do[most nodes]"
+RACK_NOT_READY = FAILURES + "test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do[a rack's share]"
+ONE_NOT_READY = FAILURES + "test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first"
 DELETED_JOB_BUDGET = REBALANCE + "test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restart"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
@@ -69,8 +76,11 @@ SAFETY = {
     ADMISSION: (TENANCY + "test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not",),
     QUOTAS: (TENANCY + "test_nothing_is_evicted_for_a_quota_when_it_would_not_make_the_job_fit_or_may_not",),
     # The disruption budget binds on the jobs still there.
-    CONTROLLER: (REBALANCE + "test_disruption_budget_is_respected_by_the_operator",),
     LEDGER: (REBALANCE + "test_disruption_budget_is_respected_by_the_operator",),
+    # A few NotReady nodes still restart their groups.
+    POOLS: (ONE_NOT_READY,),
+    OUTAGE: (ONE_NOT_READY,),
+    CONTROLLER: (ONE_NOT_READY,),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
     TRAINING: (
         GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
@@ -598,10 +608,31 @@ MUTANTS = [
     ),
     Mutant(
         "a restarted operator reads the ledger back",
-        CONTROLLER,
-        "self.ledger.merge(self.api.read_config_map(namespace, CONFIGMAP_NAME), now)",
-        "pass",
+        LEDGER,
+        "                self.ledger.merge(data, now)\n",
+        "",
         DELETED_JOB_BUDGET + "[once suspended]",
+    ),
+    Mutant(
+        "a job already handed over adds nothing from an older view",
+        LEDGER,
+        "        if any(r.job == view.uid for r in self.records):\n            return\n",
+        "",
+        REBALANCE + "test_a_standby_that_takes_over_counts_what_the_other_replica_saved_once_and_keeps_it",
+    ),
+    Mutant(
+        "the ledger is read again after a pause between cycles",
+        LEDGER,
+        "return self.last_cycle is None or now - self.last_cycle > PAUSE",
+        "return self.last_cycle is None",
+        LEDGER_TESTS + "test_the_configmap_is_read_again_after_a_pause_or_periodically[after a pause]",
+    ),
+    Mutant(
+        "until the ledger is read the budget fails closed",
+        LEDGER,
+        "        if unknown and budget is not None:\n            return budget\n",
+        "",
+        LEDGER_TESTS + "test_until_the_configmap_is_read_the_budget_counts_as_used_up_for_at_most_an_hour",
     ),
     Mutant(
         "an eviction under way when its job is deleted counts as taken",
@@ -609,6 +640,35 @@ MUTANTS = [
         "self._add(LedgerRecord(view.uid, now, leaving_disruption_gpus(view, status)))",
         "pass",
         DELETED_JOB_BUDGET + "[while checkpointing]",
+    ),
+    # a control-plane outage (k8s/outage.py)
+    Mutant(
+        "most nodes NotReady at once restart no gang group",
+        TRAINING,
+        "elif not node_view.ready and cyc.not_ready_failed(node):",
+        "elif not node_view.ready:",
+        MASS_NOT_READY,
+    ),
+    Mutant(
+        "most nodes NotReady at once restart no pool replica",
+        POOLS,
+        "if nv is None or (not nv.ready and cyc.not_ready_failed(node)):",
+        "if nv is None or not nv.ready:",
+        MASS_NOT_READY,
+    ),
+    Mutant(
+        "more than 2 NotReady nodes wait the grace (an outage may still be spreading)",
+        OUTAGE,
+        "failed = frozenset(n for n, t in self.since.items() if now - t >= self.grace)",
+        "failed = frozenset(self.since)",
+        RACK_NOT_READY,
+    ),
+    Mutant(
+        "a node whose grace ends is reconciled though nothing about it changed",
+        CONTROLLER,
+        "moved = self.keeper.jobs_on(dirty_nodes | failed_now)",
+        "moved = self.keeper.jobs_on(dirty_nodes)",
+        RACK_NOT_READY,
     ),
 ]
 

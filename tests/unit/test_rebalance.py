@@ -1,5 +1,6 @@
 import dataclasses
 import datetime as dt
+import json
 from collections import Counter
 from itertools import pairwise
 from zoneinfo import ZoneInfo
@@ -610,8 +611,9 @@ def test_a_pool_waiting_for_freed_gpus_holds_back_growth_on_its_accelerator_only
 
 
 def budget_cluster() -> FakeCluster:
-    """4 racks x 72 GPUs: two preemptible jobs of 32 GPUs ("small" of the lowest priority, the
-    rebalancer's first victim, and "other"), one of 192, 32 GPUs free, and a pool of 8-GPU replicas."""
+    """4 racks x 72 GPUs: three preemptible jobs of 32 GPUs ("small" of the lowest priority, the
+    rebalancer's first victim, "other" and "third"), one of 160, 32 GPUs free, and a pool of 8-GPU
+    replicas."""
     cluster = FakeCluster("nvl72", 4)
     cluster.add_priority_class("scratch", 0)
     cluster.add_priority_class("training", 1)
@@ -619,28 +621,33 @@ def budget_cluster() -> FakeCluster:
     group = {"tp": 4, "ep": 2, "pp": 1, "gpusPerPod": 4, "preemptible": True, "template": TEMPLATE}
     cluster.add("TrainingJob", "ml", "small", {**group, "dp": 4, "priorityClassName": "scratch"})
     cluster.add("TrainingJob", "ml", "other", {**group, "dp": 4, "priorityClassName": "training"})
-    cluster.add("TrainingJob", "ml", "big", {**group, "dp": 24, "priorityClassName": "training"})
+    cluster.add("TrainingJob", "ml", "third", {**group, "dp": 4, "priorityClassName": "training"})
+    cluster.add("TrainingJob", "ml", "big", {**group, "dp": 20, "priorityClassName": "training"})
     pool = {"minReplicas": 0, "maxReplicas": 16, "tp": 8, "gpusPerPod": 4, "priorityClassName": "serving"}
     cluster.add("InferencePool", "serve", "chat", {**pool, "template": TEMPLATE, "load": {"targetPerReplica": 1}})
     cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "0"})
     return cluster
 
 
-@pytest.mark.parametrize("mid_eviction", [False, True], ids=["once suspended", "while checkpointing"])
-def test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restart(mid_eviction: bool):
-    """The rebalancer evicts a job within the budget, the job is deleted (once suspended, or before
-    its checkpoint is done: an eviction under way counts as taken), the operator restarts: the
-    hour's budget is still used up (the records moved to the ledger's ConfigMap), so a second job
-    is not evicted until the hour has passed."""
-    cluster = budget_cluster()
-    clock = FixedClock(at("12:00"))
-    settings = ControllerSettings(
-        rebalance=RebalanceSettings(disruption_budget_gpus_per_hour=32), state_namespace="tidal-system"
+LEDGER = ("tidal-system", "tidal-disruptions")
+BUDGET_64 = ControllerSettings(
+    rebalance=RebalanceSettings(disruption_budget_gpus_per_hour=64), state_namespace=LEDGER[0]
+)
+
+
+def evicted(cluster: FakeCluster) -> list[str]:
+    return sorted(
+        name for _, ns, name in cluster.objects if ns == "ml" and "eviction" in cluster.status("TrainingJob", ns, name)
     )
-    controller = Controller(cluster, clock, settings)
+
+
+def evict_small_and_delete_it(
+    cluster: FakeCluster, controller: Controller, clock: FixedClock, mid_eviction: bool
+) -> None:
+    """The pool takes 4 replicas of free GPUs and 4 of "small" (32 GPUs of the budget); "small" is
+    then deleted, once suspended or while it checkpoints, and its pods go."""
     run(cluster, controller)
-    assert cluster.status("TrainingJob", "ml", "other")["phase"] == "Running"
-    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "8"})  # 4 replicas free, 4 evicted
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "8"})
     run(cluster, controller)
     small = cluster.status("TrainingJob", "ml", "small")
     assert small["eviction"]["reason"] == "Rebalanced" and "evictionHistory" not in small
@@ -655,15 +662,68 @@ def test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restar
     for key in [k for k, pod in cluster.pods.items() if pod["metadata"]["labels"].get("tidal.dev/job") == "small"]:
         del cluster.pods[key]  # the garbage collector's part
     clock.advance(minutes=5)
-    run(cluster, controller)
-    assert ("tidal-system", "tidal-disruptions") in cluster.config_maps
-    controller = Controller(cluster, clock, settings)  # a restarted operator
-    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})  # 4 more: only by evicting
+
+
+def assert_one_more_eviction_fits_the_budget(cluster: FakeCluster, controller: Controller, clock: FixedClock) -> None:
+    """32 of the 64 GPUs are the deleted job's: one more 32-GPU eviction fits, a second does not."""
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "12"})
+    run(cluster, controller, cycles=4)
+    first = evicted(cluster)
+    assert len(first) == 1 and first[0] in ("other", "third"), first
+    cluster.annotate("TrainingJob", "ml", first[0], {"tidal.dev/checkpoint-done": rfc3339(clock.now())})
+    clock.advance(seconds=30)
+    run(cluster, controller, cycles=4)
+    assert cluster.status("InferencePool", "serve", "chat")["placedReplicas"] == 12
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "16"})
     run(cluster, controller, cycles=4)
     status = cluster.status("InferencePool", "serve", "chat")
-    assert status["placedReplicas"] == 8 and "disruption budget" in status["reason"]
-    assert all("eviction" not in cluster.status("TrainingJob", "ml", name) for name in ("other", "big"))
+    assert status["placedReplicas"] == 12 and "disruption budget" in status["reason"]
+    assert evicted(cluster) == [], "the budget of the hour is used up"
+
+
+@pytest.mark.parametrize("mid_eviction", [False, True], ids=["once suspended", "while checkpointing"])
+def test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restart(mid_eviction: bool):
+    """The rebalancer evicts a job within the budget, the job is deleted (once suspended, or before
+    its checkpoint is done: an eviction under way counts as taken), the operator restarts: the
+    deleted job's 32 GPUs still count (the records moved to the ledger's ConfigMap), so of a budget
+    of 64 exactly one more 32-GPU eviction fits, until the hour has passed."""
+    cluster = budget_cluster()
+    clock = FixedClock(at("12:00"))
+    controller = Controller(cluster, clock, BUDGET_64)
+    evict_small_and_delete_it(cluster, controller, clock, mid_eviction)
+    run(cluster, controller)
+    assert LEDGER in cluster.config_maps
+    controller = Controller(cluster, clock, BUDGET_64)  # a restarted operator
+    assert_one_more_eviction_fits_the_budget(cluster, controller, clock)
     clock.advance(minutes=61)  # the small job's eviction (ended by its deletion, at the latest) is over an hour old
     run(cluster, controller, cycles=4)
-    assert cluster.status("TrainingJob", "ml", "other")["eviction"]["reason"] == "Rebalanced"
-    assert cluster.config_maps[("tidal-system", "tidal-disruptions")] == {"records.json": "[]"}, "aged out"
+    assert len(evicted(cluster)) == 1, "the hour is over"
+    records = json.loads(cluster.config_maps[LEDGER][0]["records.json"])
+    assert records == [], "aged out of the ConfigMap too"
+
+
+def test_a_standby_that_takes_over_counts_what_the_other_replica_saved_once_and_keeps_it():
+    """Replica B saw a job's eviction under way, then stood by while A finished it, deleted the job
+    and saved the record. B, active again, relists: its old view of the job (eviction under way)
+    must not add a second record, its count must include A's (it reads again after a pause), and
+    its own save must keep A's record."""
+    cluster = budget_cluster()
+    clock = FixedClock(at("12:00"))
+    active, standby = Controller(cluster, clock, BUDGET_64), Controller(cluster, clock, BUDGET_64)
+    run(cluster, active)
+    cluster.annotate("InferencePool", "serve", "chat", {"tidal.dev/load-rps": "8"})
+    run(cluster, active)
+    run(cluster, standby, cycles=1)  # B acts once, sees "small" checkpointing, then peering pauses it
+    assert cluster.status("TrainingJob", "ml", "small")["eviction"]["reason"] == "Rebalanced"
+    cluster.annotate("TrainingJob", "ml", "small", {"tidal.dev/checkpoint-done": rfc3339(clock.now())})
+    clock.advance(seconds=30)
+    run(cluster, active, cycles=4)
+    del cluster.objects[("TrainingJob", "ml", "small")]
+    for key in [k for k, pod in cluster.pods.items() if pod["metadata"]["labels"].get("tidal.dev/job") == "small"]:
+        del cluster.pods[key]
+    clock.advance(minutes=5)
+    run(cluster, active)  # A hands the deleted job over
+    assert len(json.loads(cluster.config_maps[LEDGER][0]["records.json"])) == 1
+    assert_one_more_eviction_fits_the_budget(cluster, standby, clock)
+    records = json.loads(cluster.config_maps[LEDGER][0]["records.json"])
+    assert [r["gpus"] for r in records] == [32], "one record of the deleted job, neither lost nor doubled"

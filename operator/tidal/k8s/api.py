@@ -497,31 +497,31 @@ class Api:
                 raise
 
     # -- the operator's own state (k8s/disruption_ledger.py) ----------------------------------
-    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The ConfigMap's data, or None when there is none of that name."""
+    # Not retried: the caller tries again in a later cycle, and must not stall this one.
+    def read_config_map(self, namespace: str, name: str) -> tuple[dict[str, str] | None, str | None]:
+        """The ConfigMap's data and resourceVersion, or (None, None) when there is none of that name."""
         try:
-            read = self._call("get_configmap", self.core.read_namespaced_config_map, name, namespace)
+            read = self._call("get_configmap", self.core.read_namespaced_config_map, name, namespace, retry=False)
         except ApiException as e:
             if e.status == 404:
-                return None
+                return None, None
             raise
-        return dict(read.data or {})
+        return dict(read.data or {}), read.metadata.resource_version
 
-    def save_config_map(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        """Set the ConfigMap's data keys (made if missing). Only the one active replica writes it."""
-        try:
-            self._call("patch_configmap", self.core.patch_namespaced_config_map, name, namespace, {"data": data})
+    def save_config_map(self, namespace: str, name: str, data: dict[str, str], resource_version: str | None) -> None:
+        """Set the ConfigMap's data keys, only if it is still at `resource_version` (None: make it,
+        only if there is none). A change since the read fails with a 409 (ApiException)."""
+        if resource_version is not None:
+            body = {"metadata": {"resourceVersion": resource_version}, "data": data}
+            self._call("patch_configmap", self.core.patch_namespaced_config_map, name, namespace, body, retry=False)
             return
-        except ApiException as e:
-            if e.status != 404:
-                raise
         body = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "tidal"}},
             "data": data,
         }
-        self._call("create_configmap", self.core.create_namespaced_config_map, namespace, body)
+        self._call("create_configmap", self.core.create_namespaced_config_map, namespace, body, retry=False)
 
     def create_supernode(self, name: str, spec: dict[str, Any]) -> bool:
         body = {

@@ -23,7 +23,8 @@ from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
 from tidal.k8s.deletions import DeletionNudger
-from tidal.k8s.disruption_ledger import CONFIGMAP_NAME, DisruptionLedger
+from tidal.k8s.disruption_ledger import LedgerStore
+from tidal.k8s.outage import NotReadyTracker
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
@@ -39,7 +40,6 @@ from tidal.k8s.status import StatusWriter
 from tidal.k8s.supernodes import supernode_status
 from tidal.k8s.training import (
     EVICTIONS_STARTED,
-    HISTORY_WINDOW,
     allocations,
     domain_held_nodes,
     holds_gpus,
@@ -75,6 +75,11 @@ class ControllerSettings:
     state_namespace: str | None = None
     """Operator flag --state-namespace: where the disruption ledger's ConfigMap lives (None: kept
     in memory only, so a restart forgets deleted jobs' evictions of the last hour)."""
+    not_ready_grace_seconds: float = 30.0
+    """Operator flag --not-ready-grace: while more than 2 nodes are NotReady, how long one must be
+    before its groups are placed again (k8s/outage.py)."""
+    state_name: str = "tidal-disruptions"
+    """The ledger ConfigMap's name: the peering name + "-disruptions" (one per release)."""
 
 
 @dataclass
@@ -144,11 +149,10 @@ class Controller:
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
         self.nudger = DeletionNudger()
         """Deleted objects kopf's finalizer still holds: see deletions.py."""
-        self.ledger = DisruptionLedger()
-        self._ledger_read = False
-        """Whether the ledger's ConfigMap was merged since the last resync (another replica may
-        have saved records while this one stood by)."""
-        self._ledger_failing = False
+        self.not_ready = NotReadyTracker(dt.timedelta(seconds=self.settings.not_ready_grace_seconds))
+        """NotReady nodes: failed machines or a control-plane outage (k8s/outage.py)."""
+        self.disruptions = LedgerStore(self.settings.state_namespace, self.settings.state_name)
+        """The disruption budget's records of deleted jobs (k8s/disruption_ledger.py)."""
 
     def _probe_domains(self) -> bool:
         probe = getattr(self.api, "compute_domains_installed", None)  # test doubles may lack it
@@ -181,7 +185,6 @@ class Controller:
         if now < self._next_resync:
             return False
         self._next_resync = now + self.settings.resync_seconds
-        self._ledger_read = False
         # With the full listing, every pool Service is read again and repaired.
         self.applied_services, self.service_conflicts = {}, {}
         return True
@@ -307,34 +310,32 @@ class Controller:
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
         return out
 
-    def _keep_disruptions(self, now: dt.datetime) -> int:
-        """Move deleted jobs' recent disruptions to the ledger, bring its ConfigMap up to date, and
-        return the GPUs it holds for the budget's current hour."""
-        for view in self.cache.deleted_jobs:
-            self.ledger.add_deleted(view, self.writer.effective(view), now)
-        self.cache.deleted_jobs.clear()
-        self.ledger.age_out(now)
-        namespace = self.settings.state_namespace
-        if namespace:
-            try:
-                if not self._ledger_read:
-                    self.ledger.merge(self.api.read_config_map(namespace, CONFIGMAP_NAME), now)
-                    self._ledger_read = True
-                if self.ledger.changed:
-                    self.api.save_config_map(namespace, CONFIGMAP_NAME, self.ledger.data())
-                    self.ledger.changed = False
-                self._ledger_failing = False
-            except Exception as e:  # the budget then counts what this replica knows; retried next cycle
-                if not self._ledger_failing:
-                    log.warning("disruption ledger not read or saved", namespace=namespace, error=str(e))
-                self._ledger_failing = True
-        return self.ledger.gpus_since(now - HISTORY_WINDOW)
+    def _watch_outage(self, now: dt.datetime) -> frozenset[str]:
+        """Nodes that newly count as failed; logs an outage's start and end."""
+        was = self.not_ready.mass
+        newly = self.not_ready.update(self.cache.not_ready, len(self.cache.nodes), now)
+        if self.not_ready.mass and not was:
+            log.warning(
+                "most nodes are NotReady at once: a control-plane outage, not failed nodes; "
+                "NotReady alone restarts no group until it ends",
+                not_ready=len(self.cache.not_ready),
+                nodes=len(self.cache.nodes),
+            )
+        elif was and not self.not_ready.mass:
+            log.warning(
+                "the mass NotReady is over: NotReady nodes restart their groups again",
+                not_ready=len(self.cache.not_ready),
+            )
+        return newly
 
     def _cycle(self) -> CycleReport:
         started = time.monotonic()
         cache = self.cache
         now = self.clock.now()
-        deleted_disruption_gpus = self._keep_disruptions(now)  # before the writer forgets the deleted
+        deleted, cache.deleted_jobs = cache.deleted_jobs, []
+        # Before the writer forgets them: its status of a deleted job may be newer than the watch's.
+        self.disruptions.update(self.api, [(view, self.writer.effective(view)) for view in deleted], now)
+        failed_now = self._watch_outage(now)
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
             view.uid: (view, self.writer.effective(view)) for view in cache.jobs.values()
         }
@@ -361,7 +362,11 @@ class Controller:
             holds_mark=hash(frozenset(self.holds.items())),
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
-            deleted_disruption_gpus=deleted_disruption_gpus,
+            mass_not_ready=self.not_ready.mass,
+            failed_not_ready=self.not_ready.failed,
+            deleted_disruption_gpus=self.disruptions.gpus(
+                now, statuses.keys(), self.settings.rebalance.disruption_budget_gpus_per_hour
+            ),
             domain_supernodes=self.domain_supernodes(members),
             domains_installed=self.domains.installed,
             priorities=self.priorities(),
@@ -385,7 +390,7 @@ class Controller:
             pools=len(pools),
         )
 
-        moved = self.keeper.jobs_on(dirty_nodes)
+        moved = self.keeper.jobs_on(dirty_nodes | failed_now)
         for uid, (view, status) in sorted(statuses.items(), key=lambda kv: kv[1][0].key):
             if view.deleting:
                 continue

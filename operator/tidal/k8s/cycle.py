@@ -143,6 +143,11 @@ class Cycle:
     """Priority -> times a preemptible gang of that priority grew (kept across cycles)."""
     evictions_started: int = 0
     """Evictions started so far (kept across cycles): each one may open room for a preemptor."""
+    mass_not_ready: bool = False
+    """Most nodes are NotReady at once (k8s/outage.py): NotReady alone restarts no group."""
+    failed_not_ready: frozenset[str] | None = None
+    """NotReady nodes whose groups are placed again (k8s/outage.py: not during an outage, and while
+    more than 2 are NotReady only after the grace); None: every NotReady node."""
     deleted_disruption_gpus: int = 0
     """GPUs the disruption budget counts in this hour from jobs deleted since (k8s/disruption_ledger.py)."""
     domain_supernodes: frozenset[str] = frozenset()
@@ -200,6 +205,10 @@ class Cycle:
     @property
     def pool_services(self) -> list[dict[str, Any]]:
         return self.plan.pool_services
+
+    def not_ready_failed(self, node: str) -> bool:
+        """Whether the NotReady `node` counts as a failed machine now (k8s/outage.py)."""
+        return self.failed_not_ready is None or node in self.failed_not_ready
 
     def event(self, view: ResourceView, reason: str, message: str, warning: bool = False) -> None:
         self.plan.events.append((view, reason, message, warning))

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
     from tidal.k8s.api import Api, RetryPolicy, load_client
     from tidal.k8s.controller import Controller, ControllerSettings
+    from tidal.k8s.disruption_ledger import CONFIGMAP_SUFFIX
 
     api = Api(
         load_client(str(args.kubeconfig) if args.kubeconfig else None),
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         spec_priority=args.spec_priority,
         admission_timeout_seconds=args.admission_timeout,
         state_namespace=args.state_namespace,
+        not_ready_grace_seconds=args.not_ready_grace,
+        state_name=args.peering_name + CONFIGMAP_SUFFIX,
     )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
@@ -116,6 +119,13 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds, 0 or more")
+    return seconds
+
+
 def peering_priority(value: str) -> int:
     """A number, or "auto": a stable number from the pod's name, so that replicas of one Deployment
     get different priorities (kopf freezes all replicas that share one)."""
@@ -170,11 +180,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most training GPUs the rebalancer may evict per hour (default: no limit)",
     )
     parser.add_argument(
+        "--not-ready-grace",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="while more than 2 nodes are NotReady, how long one must be before its groups are placed "
+        "again (an outage may still be spreading; default 30); with 2 or fewer, at once",
+    )
+    parser.add_argument(
         "--state-namespace",
         default=None,
         metavar="NAMESPACE",
-        help="keep the disruption budget's records of deleted jobs in the ConfigMap tidal-disruptions "
-        "there, so a restart keeps them (default: in memory only)",
+        help="keep the disruption budget's records of deleted jobs in the ConfigMap "
+        "<peering name>-disruptions there, so a restart keeps them (default: in memory only)",
     )
     parser.add_argument(
         "--scale-down-stabilization",

@@ -537,7 +537,7 @@ def _broken_groups(
             node_view, pod = cyc.state.nodes.get(node), pods.get(name)
             if node_view is None:
                 found.append(Breakage(f"node {node} disappeared", own=False))
-            elif not node_view.ready:
+            elif not node_view.ready and cyc.not_ready_failed(node):
                 found.append(Breakage(f"node {node} is NotReady", own=False))
             elif pod is not None and pod.node == node and pod.uid not in cyc.deleted_uids:
                 if _disrupted(pod):

@@ -84,6 +84,8 @@ class WatchCache:
         """Node -> accelerators held by bound, active pods tidal does not own."""
         self.tainted: set[str] = set()
         """Nodes with a NoSchedule or NoExecute taint: what a tolerating workload may get back."""
+        self.not_ready: set[str] = set()
+        """Nodes whose Ready condition is not True (the mass-outage guard counts them: cycle.py)."""
         self.dirty_owners: set[OwnerKey] = set()
         self.dirty_nodes: set[str] = set()
         self._members: dict[str, Membership] | None = None
@@ -91,10 +93,10 @@ class WatchCache:
         self.membership_version = 0
         self._events: collections.deque[tuple[Any, Any, Any]] = collections.deque()
         self._gone: dict[tuple[str, Any], Any] = {}
+        """(kind, key) -> the view of an object found deleted behind the watch's back (`forget`)."""
         self.deleted_jobs: list[ResourceView] = []
         """Final views of TrainingJobs gone from the cache since the controller last took them
         (their disruption records move to the ledger: k8s/disruption_ledger.py)."""
-        """(kind, key) -> the view of an object found deleted behind the watch's back (`forget`)."""
 
     # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
     def feed(self, kind: str, key: Any, view: Any) -> None:
@@ -205,6 +207,10 @@ class WatchCache:
             self.tainted.add(name)
         else:
             self.tainted.discard(name)
+        if view is not None and not view.ready:
+            self.not_ready.add(name)
+        else:
+            self.not_ready.discard(name)
         if view is None:
             self.nodes.pop(name, None)
             self._members = None
