@@ -524,13 +524,18 @@ def test_a_group_whose_pod_failed_goes_back_on_that_node_when_nothing_else_fits(
     assert not [d for v, d in cluster.calls if v == "event" and "restarting the whole gang" in d[2]]
 
 
+def job_pods_deleted(cluster: FakeCluster) -> list[str]:
+    return [d for v, d in cluster.calls if v == "delete_pod" and d.startswith("job-")]
+
+
 @pytest.mark.parametrize("not_ready", [2, 3], ids=["a rack's share", "most nodes"])
 def test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do(not_ready: int):
     """4 racks of 18 nodes: a job's 2 racks NotReady (36 of 72 nodes, under the 0.55 share) are
     failed machines, placed again once the grace has passed (more than 2 NotReady: an outage may
     still be spreading); with a third rack (54 of 72) the control plane is the suspect
-    (kube-controller-manager's partial disruption) and nothing restarts, job or pool, until the
-    nodes are Ready again, when nothing has changed; a node deleted meanwhile still breaks its group."""
+    (kube-controller-manager's partial disruption) and no gang group restarts until the nodes are
+    Ready again, when nothing has changed (the pool's replica, stateless, is replaced on a Ready
+    rack); a node deleted meanwhile still breaks its group."""
     cluster = FakeCluster("nvl72", 4)
     cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 2, "gpusPerPod": 4, "template": TEMPLATE})
     pool = {"minReplicas": 1, "maxReplicas": 1, "tp": 4, "gpusPerPod": 4, "template": TEMPLATE}
@@ -548,25 +553,37 @@ def test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do(not_ready: in
         cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], ready=False)
     cluster.calls.clear()
     run(cluster, controller, cycles=3)
-    assert not [d for v, d in cluster.calls if v == "delete_pod"], "more than 2 NotReady: the grace first"
+    assert not job_pods_deleted(cluster), "more than 2 NotReady: the grace first"
     clock.advance(seconds=31)  # past --not-ready-grace (30 s)
     run(cluster, controller, cycles=3)
     after = cluster.status("TrainingJob", "ml", "job")
-    deleted = [d for v, d in cluster.calls if v == "delete_pod"]
+    deleted = job_pods_deleted(cluster)
     if not_ready == 2:
         assert deleted and after["placement"] != before["placement"], "failed machines: placed again"
         return
     assert controller.not_ready.mass and not deleted, "a control-plane outage: nothing restarts"
     assert after["placement"] == before["placement"] and after["phase"] == "Running"
-    assert cluster.status("InferencePool", "serve", "chat")["placement"][0]["nodes"] == replica["nodes"]
+    serving = cluster.status("InferencePool", "serve", "chat")["placement"][0]["nodes"]
+    assert all(cluster.nodes[n].ready for n in serving), "a stateless replica is replaced on Ready nodes"
     gone = before["placement"][0]["nodes"][0]
     del cluster.nodes[gone]  # deleted meanwhile: gone for good, outage or not
     run(cluster, controller, cycles=3)
-    assert gone not in cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    placed = cluster.status("TrainingJob", "ml", "job")["placement"]
+    assert gone not in placed[0]["nodes"]
+    # The outage ends node by node: the job's last nodes come back after the others, however late.
+    clock.advance(minutes=10)
+    last = set(placed[1]["nodes"][:2])  # 2 left: fewer than the outage rule counts, still the grace
+    for name, node in list(cluster.nodes.items()):
+        cluster.nodes[name] = dataclasses.replace(node, ready=name not in last)
+    cluster.calls.clear()
+    run(cluster, controller, cycles=3)
+    assert not controller.not_ready.mass
+    assert not job_pods_deleted(cluster), "the last nodes of an outage get the grace too"
     for name, node in list(cluster.nodes.items()):
         cluster.nodes[name] = dataclasses.replace(node, ready=True)
+    clock.advance(seconds=10)
     run(cluster, controller, cycles=2)
-    assert not controller.not_ready.mass
+    assert cluster.status("TrainingJob", "ml", "job")["placement"] == placed, "back: nothing moved"
 
 
 def test_the_mass_not_ready_share_is_kube_controller_managers():
@@ -577,3 +594,39 @@ def test_the_mass_not_ready_share_is_kube_controller_managers():
     assert not mass_not_ready(2, 3), "partial disruption needs more than 2 NotReady"
     assert mass_not_ready(3, 5) and not mass_not_ready(3, 6) and mass_not_ready(55, 100)
     assert not mass_not_ready(54, 100)
+
+
+def test_after_more_than_2_were_not_ready_the_last_stragglers_wait_the_grace_too():
+    from tidal.k8s.outage import NotReadyTracker
+
+    t0 = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+    tracker = NotReadyTracker(dt.timedelta(seconds=30))
+    assert tracker.update(["a"], 72, t0) == {"a"}, "one NotReady node: a failed machine, at once"
+    tracker.update([], 72, t0 + dt.timedelta(seconds=1))
+    spike = [f"n{i}" for i in range(10)]
+    assert tracker.update(spike, 72, t0 + dt.timedelta(seconds=2)) == set()
+    assert tracker.update(spike[:2], 72, t0 + dt.timedelta(seconds=7)) == set(), "2 left of a spike: still the grace"
+    assert tracker.update(spike[:2], 72, t0 + dt.timedelta(seconds=33)) == set(spike[:2]), "the grace is over"
+
+
+def test_only_the_supernodes_members_not_down_for_repair_count():
+    """Three NotReady nodes outside every Supernode (CPU or system nodes) and three cordoned for
+    repair leave a single NotReady member: a failed machine, replaced at once."""
+    cluster = FakeCluster("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    run(cluster, controller)
+    placed = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+    for i in range(3):
+        cpu = dataclasses.replace(cluster.nodes[placed[0]], name=f"cpu-{i}", labels={}, ready=False)
+        cluster.nodes[cpu.name] = cpu
+    spare = [n for n in cluster.nodes if n.startswith("nvl72") and n not in placed][:3]
+    for name in spare:
+        cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], ready=False, unschedulable=True)
+    run(cluster, controller)
+    lost = placed[0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    cluster.calls.clear()
+    run(cluster, controller, cycles=3)
+    assert job_pods_deleted(cluster), "one member NotReady besides those known down: at once"
+    assert lost not in cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]

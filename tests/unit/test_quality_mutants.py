@@ -36,7 +36,6 @@ ROOMS = "k8s/return_rooms.py"
 REGROW = "k8s/rebalancing.py"
 TRAINING = "k8s/training.py"
 LEDGER = "k8s/disruption_ledger.py"
-POOLS = "k8s/pools.py"
 OUTAGE = "k8s/outage.py"
 CONTROLLER = "k8s/controller.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
@@ -78,7 +77,6 @@ SAFETY = {
     # The disruption budget binds on the jobs still there.
     LEDGER: (REBALANCE + "test_disruption_budget_is_respected_by_the_operator",),
     # A few NotReady nodes still restart their groups.
-    POOLS: (ONE_NOT_READY,),
     OUTAGE: (ONE_NOT_READY,),
     CONTROLLER: (ONE_NOT_READY,),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
@@ -650,13 +648,6 @@ MUTANTS = [
         MASS_NOT_READY,
     ),
     Mutant(
-        "most nodes NotReady at once restart no pool replica",
-        POOLS,
-        "if nv is None or (not nv.ready and cyc.not_ready_failed(node)):",
-        "if nv is None or not nv.ready:",
-        MASS_NOT_READY,
-    ),
-    Mutant(
         "more than 2 NotReady nodes wait the grace (an outage may still be spreading)",
         OUTAGE,
         "failed = frozenset(n for n, t in self.since.items() if now - t >= self.grace)",
@@ -669,6 +660,41 @@ MUTANTS = [
         "moved = self.keeper.jobs_on(dirty_nodes | failed_now)",
         "moved = self.keeper.jobs_on(dirty_nodes)",
         RACK_NOT_READY,
+    ),
+    Mutant(
+        "the nodes not back when an outage ends get the grace from then",
+        OUTAGE,
+        "            self.since = dict.fromkeys(self.since, now)\n",
+        "            pass\n",
+        MASS_NOT_READY,
+    ),
+    Mutant(
+        "while an outage ends even the last one or two NotReady nodes wait the grace",
+        OUTAGE,
+        "elif len(self.since) <= FEW and now >= self.settling_until:",
+        "elif len(self.since) <= FEW:",
+        MASS_NOT_READY,
+    ),
+    Mutant(
+        "after more than 2 were NotReady the last stragglers wait the grace too",
+        OUTAGE,
+        "if was or self.mass or len(self.since) > FEW:",
+        "if was:",
+        FAILURES + "test_after_more_than_2_were_not_ready_the_last_stragglers_wait_the_grace_too",
+    ),
+    Mutant(
+        "only the Supernodes' members count",
+        CONTROLLER,
+        "watched = [n for n in self.cache.not_ready if n in member_nodes and n not in repair]",
+        "watched = [n for n in self.cache.not_ready if n not in repair]",
+        FAILURES + "test_only_the_supernodes_members_not_down_for_repair_count",
+    ),
+    Mutant(
+        "nodes down for repair do not count",
+        OUTAGE,
+        "return not node.ready and (node.unschedulable or out_of_service(node.taints))",
+        "return False",
+        FAILURES + "test_only_the_supernodes_members_not_down_for_repair_count",
     ),
 ]
 

@@ -24,7 +24,7 @@ from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
 from tidal.k8s.deletions import DeletionNudger
 from tidal.k8s.disruption_ledger import LedgerStore
-from tidal.k8s.outage import NotReadyTracker
+from tidal.k8s.outage import NotReadyTracker, down_for_repair
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
@@ -151,6 +151,8 @@ class Controller:
         """Deleted objects kopf's finalizer still holds: see deletions.py."""
         self.not_ready = NotReadyTracker(dt.timedelta(seconds=self.settings.not_ready_grace_seconds))
         """NotReady nodes: failed machines or a control-plane outage (k8s/outage.py)."""
+        self.failed_not_ready: frozenset[str] = frozenset()
+        self._member_nodes: tuple[Any, frozenset[str]] = (None, frozenset())
         self.disruptions = LedgerStore(self.settings.state_namespace, self.settings.state_name)
         """The disruption budget's records of deleted jobs (k8s/disruption_ledger.py)."""
 
@@ -310,22 +312,28 @@ class Controller:
             return {**status, "phase": "Suspended", "reason": "spec.suspend is true"}
         return out
 
-    def _watch_outage(self, now: dt.datetime) -> frozenset[str]:
-        """Nodes that newly count as failed; logs an outage's start and end."""
+    def _watch_outage(self, now: dt.datetime, members: dict[str, Membership]) -> frozenset[str]:
+        """Nodes that newly count as failed; logs an outage's start and end. Counted: the
+        Supernodes' members, less those down for repair (their groups are always placed again)."""
+        if self._member_nodes[0] is not members:
+            self._member_nodes = (members, frozenset(n for m in members.values() for n in m.nodes))
+        member_nodes = self._member_nodes[1]
+        repair = frozenset(
+            n for n in self.cache.not_ready if n in member_nodes and down_for_repair(self.cache.nodes[n])
+        )
+        watched = [n for n in self.cache.not_ready if n in member_nodes and n not in repair]
         was = self.not_ready.mass
-        newly = self.not_ready.update(self.cache.not_ready, len(self.cache.nodes), now)
+        newly = self.not_ready.update(watched, len(member_nodes) - len(repair), now)
+        self.failed_not_ready = self.not_ready.failed | repair
         if self.not_ready.mass and not was:
             log.warning(
                 "most nodes are NotReady at once: a control-plane outage, not failed nodes; "
                 "NotReady alone restarts no group until it ends",
-                not_ready=len(self.cache.not_ready),
-                nodes=len(self.cache.nodes),
+                not_ready=len(watched),
+                nodes=len(member_nodes) - len(repair),
             )
         elif was and not self.not_ready.mass:
-            log.warning(
-                "the mass NotReady is over: NotReady nodes restart their groups again",
-                not_ready=len(self.cache.not_ready),
-            )
+            log.warning("the mass NotReady is over: NotReady nodes restart their groups again", not_ready=len(watched))
         return newly
 
     def _cycle(self) -> CycleReport:
@@ -335,7 +343,6 @@ class Controller:
         deleted, cache.deleted_jobs = cache.deleted_jobs, []
         # Before the writer forgets them: its status of a deleted job may be newer than the watch's.
         self.disruptions.update(self.api, [(view, self.writer.effective(view)) for view in deleted], now)
-        failed_now = self._watch_outage(now)
         statuses: dict[str, tuple[ResourceView, dict[str, Any]]] = {
             view.uid: (view, self.writer.effective(view)) for view in cache.jobs.values()
         }
@@ -344,6 +351,7 @@ class Controller:
         }
         self.writer.forget({v.uid for v in (*cache.jobs.values(), *cache.supernodes.values(), *cache.pools.values())})
         members = cache.memberships()
+        failed_now = self._watch_outage(now, members)
         dirty_owners, dirty_nodes = cache.take_dirty()
         self._book(statuses, pools, {m.accelerator for m in members.values()})
         snapshot = self.keeper.refresh(cache, dirty_nodes)
@@ -363,7 +371,7 @@ class Controller:
             victims_added=self.victims_added,
             evictions_started=self.evictions_started,
             mass_not_ready=self.not_ready.mass,
-            failed_not_ready=self.not_ready.failed,
+            failed_not_ready=self.failed_not_ready,
             deleted_disruption_gpus=self.disruptions.gpus(
                 now, statuses.keys(), self.settings.rebalance.disruption_budget_gpus_per_hour
             ),

@@ -8,14 +8,23 @@ for nothing. kube-controller-manager's node lifecycle controller makes the same 
 evictions: a zone is in partial disruption when more than 2 and at least
 `--unhealthy-zone-threshold` (0.55) of its nodes are NotReady, in full disruption when none is
 Ready, and a small zone then evicts nothing. tidal applies it to every node it watches: while it
-holds, a NotReady node alone restarts no group (a deleted node, a failed or disrupted pod still
-do, and nothing new is placed on a NotReady node).
+holds, a NotReady node alone restarts no gang group (a deleted node, a failed or disrupted pod still
+do, and nothing new is placed on a NotReady node). kube-controller-manager's taint manager still
+evicts a pod once its default 300 s toleration of an unreachable node runs out (at its reduced
+rate in a large zone), and such an eviction breaks the group: the hold spans a brownout of minutes.
 
 Leases lapse over several seconds in an outage (each kubelet renewed at its own moment, and the
 node monitor looks every few seconds), so the outage is not seen whole at once. Hence the grace:
 while more than 2 nodes are NotReady, a node restarts its groups only once it has been NotReady
 for `grace` (operator flag --not-ready-grace); with at most 2, at once, so a single failed machine
-is recovered without delay.
+is recovered without delay. An outage, or any spike of more than 2, ends the same way, node by
+node: the nodes not back when an outage ends get the grace from then, and for a grace after more
+than 2 were last NotReady even the last one or two wait it.
+
+The nodes counted are the Supernodes' members (GPU nodes, not the cluster's CPU or system nodes),
+less those known to be down for repair: NotReady and cordoned, or tainted out-of-service by an
+admin. Inference pools are left out of the hold: a serving replica keeps no training progress, and
+its endpoints drop from the Service once its node is NotReady, so it is replaced as before.
 """
 
 from __future__ import annotations
@@ -23,10 +32,18 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Collection
 
+from tidal.k8s.state import NodeView
+from tidal.k8s.taints import out_of_service
+
 UNHEALTHY_SHARE = 0.55
 """kube-controller-manager's default --unhealthy-zone-threshold."""
 FEW = 2
 """At most this many NotReady nodes are failed machines (kube-controller-manager: more than 2)."""
+
+
+def down_for_repair(node: NodeView) -> bool:
+    """NotReady and cordoned or tainted out-of-service: an admin knows it is down."""
+    return not node.ready and (node.unschedulable or out_of_service(node.taints))
 
 
 def mass_not_ready(not_ready: int, nodes: int) -> bool:
@@ -43,6 +60,8 @@ class NotReadyTracker:
         self.grace = grace
         self.since: dict[str, dt.datetime] = {}
         self.mass = False
+        self.settling_until = dt.datetime.min.replace(tzinfo=dt.UTC)
+        """Until then (a grace after more than 2 were last NotReady) every NotReady node waits the grace."""
         self.failed: frozenset[str] = frozenset()
         """NotReady nodes whose groups are placed again (none during an outage)."""
 
@@ -53,10 +72,18 @@ class NotReadyTracker:
             del self.since[name]
         for name in not_ready:
             self.since.setdefault(name, now)
-        self.mass = mass_not_ready(len(not_ready), nodes)
+        was, self.mass = self.mass, mass_not_ready(len(not_ready), nodes)
+        if was and not self.mass:
+            # The outage ends as it began, over seconds: the nodes not back yet get a grace from now,
+            # rather than count as failed for having been NotReady so long.
+            self.since = dict.fromkeys(self.since, now)
+        if was or self.mass or len(self.since) > FEW:
+            # Crowded: until a grace after the last crowded cycle, even the last one or two NotReady
+            # nodes (stragglers of a spike or an outage) wait the grace, not only while many are down.
+            self.settling_until = now + self.grace
         if self.mass:
             failed: frozenset[str] = frozenset()
-        elif len(self.since) <= FEW:
+        elif len(self.since) <= FEW and now >= self.settling_until:
             failed = frozenset(self.since)
         else:
             failed = frozenset(n for n, t in self.since.items() if now - t >= self.grace)

@@ -359,7 +359,7 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
         for i, node in enumerate(r["nodes"]):
             nv = cyc.state.nodes.get(node)
             pod = pods.get(replica_pod_name(view.name, r["group"], i))
-            if nv is None or (not nv.ready and cyc.not_ready_failed(node)):
+            if nv is None or not nv.ready:
                 return True
             # A deleted pod (kubectl, a drain) is Failed while it terminates once its container
             # exits on SIGTERM (restartPolicy Never): it is going, not broken; it is made again
