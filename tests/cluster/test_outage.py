@@ -58,14 +58,23 @@ def _heal_many(kube: Kube, nodes: list[str], namespace: str) -> None:
     )
 
 
+def _where(kube: Kube, namespace: str) -> dict[str, tuple[str, str]]:
+    """Each pod of the job: its uid (made again: a new one) and node."""
+    return {
+        p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"])
+        for p in pods_of(kube, namespace, "brownout")
+    }
+
+
+def _logged(operator: OperatorProcess, since: int, text: str) -> None:
+    eventually(lambda: text in operator.logs()[since:], timeout=60, what=f"the operator logging {text!r}")
+
+
 def test_most_nodes_not_ready_at_once_restart_no_group(kube: Kube, running_operator: OperatorProcess, namespace: str):
     assert _kwok_honours_the_opt_out(kube), f"this cluster's KWOK was started without the {KWOK_IGNORE} opt-out"
     submit(kube, namespace, job("brownout", tp=4, ep=4, pp=2, dp=1, restartPolicy={"scope": "Group"}))
     wait_phase(kube, namespace, "brownout", "Running")
-    before = {
-        p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"])
-        for p in pods_of(kube, namespace, "brownout")
-    }
+    before = _where(kube, namespace)
     own = sorted({node for _, node in before.values()})
     everyone = sorted(n["metadata"]["name"] for n in kube.get("nodes")["items"])
     others = [n for n in everyone if n not in own and _ready(kube, n)]
@@ -75,32 +84,16 @@ def test_most_nodes_not_ready_at_once_restart_no_group(kube: Kube, running_opera
     logs_before = len(running_operator.logs())
     try:
         _partition_many(kube, cut, namespace)
-        eventually(
-            lambda: "most nodes are NotReady at once" in running_operator.logs()[logs_before:],
-            timeout=60,
-            what="the operator naming the outage",
-        )
+        _logged(running_operator, logs_before, "most nodes are NotReady at once")
         time.sleep(35)  # past --not-ready-grace (30 s): the grace alone would have let the pods go by now
-        after = {
-            p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"])
-            for p in pods_of(kube, namespace, "brownout")
-        }
-        assert after == before, "a pod was deleted or moved during the outage"
+        assert _where(kube, namespace) == before, "a pod was deleted or moved during the outage"
         assert not any(p["metadata"].get("deletionTimestamp") for p in pods_of(kube, namespace, "brownout"))
         assert status(kube, namespace, "brownout")["phase"] == "Running"
     finally:
         _heal_many(kube, cut, namespace)
-    eventually(
-        lambda: "the mass NotReady is over" in running_operator.logs()[logs_before:],
-        timeout=60,
-        what="the operator seeing the outage end",
-    )
-    time.sleep(5)
-    after = {
-        p["metadata"]["name"]: (p["metadata"]["uid"], p["spec"]["nodeName"])
-        for p in pods_of(kube, namespace, "brownout")
-    }
-    assert after == before, "nothing moved once the nodes came back"
+    _logged(running_operator, logs_before, "the mass NotReady is over")
+    time.sleep(35)  # the nodes not back when the outage ended had the grace from then: past it
+    assert _where(kube, namespace) == before, "nothing moved once the nodes came back"
     final = status(kube, namespace, "brownout")
     assert final["phase"] == "Running" and final.get("restarts", 0) == 0
     events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=brownout")["items"]
