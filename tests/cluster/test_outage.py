@@ -90,7 +90,10 @@ def test_most_nodes_not_ready_at_once_restart_no_group(kube: Kube, running_opera
         assert not any(p["metadata"].get("deletionTimestamp") for p in pods_of(kube, namespace, "brownout"))
         assert status(kube, namespace, "brownout")["phase"] == "Running"
     finally:
-        _heal_many(kube, cut, namespace)
+        # The job's nodes come back first: on a loaded machine KWOK takes more than the 30 s grace
+        # to bring 90 nodes back, where kubelets reconnect within seconds; the stragglers of an
+        # outage's end are the unit tests' (test_failures.py).
+        _heal_many(kube, own + [n for n in cut if n not in own], namespace)
     _logged(running_operator, logs_before, "the mass NotReady is over")
     time.sleep(35)  # the nodes not back when the outage ended had the grace from then: past it
     assert _where(kube, namespace) == before, "nothing moved once the nodes came back"

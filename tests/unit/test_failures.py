@@ -630,3 +630,19 @@ def test_only_the_supernodes_members_not_down_for_repair_count():
     run(cluster, controller, cycles=3)
     assert job_pods_deleted(cluster), "one member NotReady besides those known down: at once"
     assert lost not in cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"]
+
+
+def test_a_slow_recovery_from_an_outage_restarts_nothing_while_nodes_keep_coming_back():
+    from tidal.k8s.outage import NotReadyTracker
+
+    t0 = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
+    tracker = NotReadyTracker(dt.timedelta(seconds=30))
+    down = [f"n{i:02d}" for i in range(60)]
+    tracker.update(down, 72, t0)
+    assert tracker.mass
+    left = down
+    for k in range(1, 9):  # 5 nodes back every 20 s: 160 s from the outage's end to the last straggler
+        left = left[:-5] if k > 1 else left[:-25]  # the first step ends the outage (35 of 72)
+        assert tracker.update(left, 72, t0 + dt.timedelta(seconds=20 * k)) == set(), f"step {k}: {len(left)} left"
+    stalled = t0 + dt.timedelta(seconds=20 * 8 + 31)
+    assert tracker.update(left, 72, stalled) == set(left), "none back for a grace: failed machines"

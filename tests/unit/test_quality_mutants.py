@@ -696,6 +696,13 @@ MUTANTS = [
         "return False",
         FAILURES + "test_only_the_supernodes_members_not_down_for_repair_count",
     ),
+    Mutant(
+        "while an outage's nodes keep coming back the rest wait",
+        OUTAGE,
+        "if self.recovering and (was or len(self.since) < self.last_count):",
+        "if was and not self.mass:",
+        FAILURES + "test_a_slow_recovery_from_an_outage_restarts_nothing_while_nodes_keep_coming_back",
+    ),
 ]
 
 

@@ -18,8 +18,9 @@ node monitor looks every few seconds), so the outage is not seen whole at once. 
 while more than 2 nodes are NotReady, a node restarts its groups only once it has been NotReady
 for `grace` (operator flag --not-ready-grace); with at most 2, at once, so a single failed machine
 is recovered without delay. An outage, or any spike of more than 2, ends the same way, node by
-node: the nodes not back when an outage ends get the grace from then, and for a grace after more
-than 2 were last NotReady even the last one or two wait it.
+node: after an outage, each node that comes back gives the ones not back yet a grace from then
+(so a slow recovery restarts nothing while it progresses), and for a grace after more than 2
+were last NotReady even the last one or two wait it.
 
 The nodes counted are the Supernodes' members (GPU nodes, not the cluster's CPU or system nodes),
 less those known to be down for repair: NotReady and cordoned, or tainted out-of-service by an
@@ -64,6 +65,10 @@ class NotReadyTracker:
         """Until then (a grace after more than 2 were last NotReady) every NotReady node waits the grace."""
         self.failed: frozenset[str] = frozenset()
         """NotReady nodes whose groups are placed again (none during an outage)."""
+        self.recovering = False
+        """An outage has ended and its nodes are still coming back."""
+        self.last_count = 0
+        self.last_back = dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def update(self, not_ready: Collection[str], nodes: int, now: dt.datetime) -> frozenset[str]:
         """Bring the record to this cycle's NotReady nodes; returns the nodes that newly count as
@@ -74,9 +79,15 @@ class NotReadyTracker:
             self.since.setdefault(name, now)
         was, self.mass = self.mass, mass_not_ready(len(not_ready), nodes)
         if was and not self.mass:
-            # The outage ends as it began, over seconds: the nodes not back yet get a grace from now,
-            # rather than count as failed for having been NotReady so long.
+            self.recovering = True
+        if self.recovering and (was or len(self.since) < self.last_count):
+            # The outage ends as it began, over seconds: while nodes keep coming back, the ones not
+            # back yet get a grace from now, rather than count as failed for being NotReady so long.
             self.since = dict.fromkeys(self.since, now)
+            self.last_back = now
+        elif self.recovering and now - self.last_back >= self.grace:
+            self.recovering = False  # a grace with none back: those left are failed machines
+        self.last_count = len(self.since)
         if was or self.mass or len(self.since) > FEW:
             # Crowded: until a grace after the last crowded cycle, even the last one or two NotReady
             # nodes (stragglers of a spike or an outage) wait the grace, not only while many are down.
