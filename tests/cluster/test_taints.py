@@ -1,10 +1,13 @@
-"""Taints on the real cluster: a gang is never placed on nodes tainted against its pods."""
+"""Taints on the real cluster: a gang is never placed on nodes tainted against its pods, and
+kube-controller-manager's taint manager leaves tidal's pods on a lost node to tidal."""
 
 from __future__ import annotations
 
+import json
+
 from tidal.k8s.compact import from_wire
 
-from .kube import Kube
+from .kube import Kube, eventually
 from .operator_process import OperatorProcess
 from .test_operator import job, node_supernodes, pods_of, submit, wait_phase
 
@@ -48,3 +51,53 @@ def test_a_new_gang_is_never_placed_on_cordoned_nodes(kube: Kube, running_operat
     finally:
         for rack in closed:
             kube.run("uncordon", "-l", f"tidal.dev/supernode={rack}", check=False)
+
+
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+def test_the_taint_manager_leaves_tidals_pods_on_an_unreachable_node_to_tidal(
+    kube: Kube, running_operator: OperatorProcess, namespace: str
+):
+    """A NotReady node gets kube-controller-manager's unreachable:NoExecute taint, and its taint
+    manager evicts every pod not tolerating it (300 s after, by the toleration the API server's
+    DefaultTolerationSeconds plugin gives a pod that has none): mid-outage that would break the
+    group tidal holds (k8s/outage.py). A pod tolerating it for 0 s, on the same node, shows the
+    taint manager at work; tidal's pod, stored with no time limit, stays."""
+    submit(kube, namespace, job("lost", tp=4, ep=1, pp=1, dp=1))
+    wait_phase(kube, namespace, "lost", "Running")
+    (pod,) = pods_of(kube, namespace, "lost")
+    lost = {t.get("key"): t for t in pod["spec"]["tolerations"] if t.get("effect") == "NoExecute"}
+    assert set(lost) == {UNREACHABLE, "node.kubernetes.io/not-ready"}, pod["spec"]["tolerations"]
+    assert not any("tolerationSeconds" in t for t in lost.values()), "the API server gave them 300 s"
+    node = pod["spec"]["nodeName"]
+    control = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "evicted-at-once", "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+            "tolerations": [{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}],
+        },
+    }
+    kube.apply(control)
+    eventually(
+        lambda: kube.get("pod", "evicted-at-once", "-n", namespace)["status"].get("phase") == "Running",
+        what="the control pod Running",
+    )
+    try:
+        kube.run("taint", "node", node, f"{UNREACHABLE}:NoExecute", "--overwrite")
+
+        def control_evicted() -> bool:
+            found = kube.run("get", "pod", "evicted-at-once", "-n", namespace, "-o", "json", check=False)
+            if found.returncode != 0:
+                assert "NotFound" in found.stderr, found.stderr
+                return True
+            return bool(json.loads(found.stdout)["metadata"].get("deletionTimestamp"))
+
+        eventually(control_evicted, timeout=60, what="the taint manager evicting the control pod")
+        (after,) = pods_of(kube, namespace, "lost")
+        assert after["metadata"]["uid"] == pod["metadata"]["uid"] and not after["metadata"].get("deletionTimestamp")
+    finally:
+        kube.run("taint", "node", node, f"{UNREACHABLE}:NoExecute-", check=False)

@@ -37,6 +37,7 @@ REGROW = "k8s/rebalancing.py"
 TRAINING = "k8s/training.py"
 LEDGER = "k8s/disruption_ledger.py"
 OUTAGE = "k8s/outage.py"
+MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
 QUALITY = "tests/unit/test_placement_quality.py::"
 PLACEMENT = "tests/unit/test_placement.py::"
@@ -51,9 +52,13 @@ TENANCY = "tests/unit/test_tenancy.py::"
 REBALANCE = "tests/unit/test_rebalance.py::"
 LEDGER_TESTS = "tests/unit/test_disruption_ledger.py::"
 FAILURES = "tests/unit/test_failures.py::"
+CHECKS = "tests/unit/test_admission_checks.py::"
 MASS_NOT_READY = FAILURES + "test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do[most nodes]"
 RACK_NOT_READY = FAILURES + "test_most_nodes_not_ready_at_once_restart_nothing_but_a_few_do[a rack's share]"
 ONE_NOT_READY = FAILURES + "test_not_ready_node_replaces_its_group_on_the_same_supernode_spares_first"
+LOST_NODE_TOLERATION = (
+    FAILURES + "test_tidals_pods_tolerate_a_lost_node_without_a_time_limit_unless_the_template_says_otherwise"
+)
 DELETED_JOB_BUDGET = REBALANCE + "test_a_deleted_jobs_evictions_still_count_against_the_budget_across_a_restart"
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
@@ -79,6 +84,8 @@ SAFETY = {
     # A few NotReady nodes still restart their groups.
     OUTAGE: (ONE_NOT_READY,),
     CONTROLLER: (ONE_NOT_READY,),
+    # tidal's pods keep the accelerator's toleration the GPU nodes' taint needs.
+    MANIFESTS: (CHECKS + "test_gpu_nodes_tainted_for_gpu_pods_only_stay_open_and_the_pods_carry_the_toleration",),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
     TRAINING: (
         GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
@@ -702,6 +709,34 @@ MUTANTS = [
         "if self.recovering and (was or len(self.since) < self.last_count):",
         "if was and not self.mass:",
         FAILURES + "test_a_slow_recovery_from_an_outage_restarts_nothing_while_nodes_keep_coming_back",
+    ),
+    Mutant(
+        "an outage holds a node no longer than --outage-hold-limit",
+        OUTAGE,
+        "            failed |= {n for n, t in self.down_since.items() if now - t >= self.hold_limit}\n",
+        "            pass\n",
+        FAILURES + "test_an_outage_past_the_hold_limit_restarts_the_groups_on_nodes_still_not_ready",
+    ),
+    Mutant(
+        "the hold limit counts from when the node went down, not from its last grace",
+        OUTAGE,
+        "failed |= {n for n, t in self.down_since.items() if now - t >= self.hold_limit}",
+        "failed |= {n for n, t in self.since.items() if now - t >= self.hold_limit}",
+        FAILURES + "test_an_outage_holds_a_node_no_longer_than_the_hold_limit_counted_from_when_it_went_down",
+    ),
+    Mutant(
+        "tidal's pods tolerate a lost node without a time limit (no 300 s eviction mid-outage)",
+        MANIFESTS,
+        '            spec["tolerations"].append({"key": taint.key, "operator": "Exists", "effect": taint.effect})\n',
+        "            pass\n",
+        LOST_NODE_TOLERATION,
+    ),
+    Mutant(
+        "a template's own toleration of a lost node is kept, not doubled",
+        MANIFESTS,
+        "        if not any(t.tolerates(taint) for t in own):\n",
+        "        if True:\n",
+        LOST_NODE_TOLERATION,
     ),
 ]
 

@@ -78,6 +78,9 @@ class ControllerSettings:
     not_ready_grace_seconds: float = 30.0
     """Operator flag --not-ready-grace: while more than 2 nodes are NotReady, how long one must be
     before its groups are placed again (k8s/outage.py)."""
+    outage_hold_limit_seconds: float = 3600.0
+    """Operator flag --outage-hold-limit: a node NotReady this long has its groups placed again
+    even while most nodes are NotReady (k8s/outage.py); 0: held until the nodes are back."""
     state_name: str = "tidal-disruptions"
     """The ledger ConfigMap's name: the peering name + "-disruptions" (one per release)."""
 
@@ -149,7 +152,11 @@ class Controller:
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
         self.nudger = DeletionNudger()
         """Deleted objects kopf's finalizer still holds: see deletions.py."""
-        self.not_ready = NotReadyTracker(dt.timedelta(seconds=self.settings.not_ready_grace_seconds))
+        hold_limit = self.settings.outage_hold_limit_seconds
+        self.not_ready = NotReadyTracker(
+            dt.timedelta(seconds=self.settings.not_ready_grace_seconds),
+            dt.timedelta(seconds=hold_limit) if hold_limit else None,
+        )
         """NotReady nodes: failed machines or a control-plane outage (k8s/outage.py)."""
         self.failed_not_ready: frozenset[str] = frozenset()
         self._member_nodes: tuple[Any, frozenset[str]] = (None, frozenset())

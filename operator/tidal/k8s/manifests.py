@@ -10,6 +10,7 @@ from typing import Any
 
 from tidal import API_GROUP, API_VERSION
 from tidal.k8s import labels
+from tidal.k8s.taints import NODE_LOST, toleration
 from tidal.placement.compute_domains import DomainPlan, add_channel_claim
 from tidal.placement.shape import GangShape
 
@@ -70,6 +71,14 @@ def pinned_pod(
     implied = {"key": accelerator, "operator": "Exists", "effect": "NoSchedule"}
     if implied not in (spec.get("tolerations") or []):
         spec["tolerations"] = [*(spec.get("tolerations") or []), implied]
+    # tidal, not the taint manager, decides when a pod on a NotReady node goes (k8s/outage.py: a
+    # control-plane outage restarts nothing): its 300 s default eviction would break the group
+    # mid-outage, and these bare pods come back only through tidal anyway. As DaemonSet pods do,
+    # tolerate a lost node without a time limit, unless the template says otherwise.
+    own = [toleration(t) for t in spec["tolerations"]]
+    for taint in NODE_LOST:
+        if not any(t.tolerates(taint) for t in own):
+            spec["tolerations"].append({"key": taint.key, "operator": "Exists", "effect": taint.effect})
     first = spec["containers"][0]
     resources = first.setdefault("resources", {})
     for kind in ("requests", "limits"):

@@ -6,6 +6,7 @@ pods go there?" of the watched node views.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,24 @@ class Toleration:
         return self.key == taint.key and self.value == taint.value
 
 
+NODE_LOST = (
+    Taint("node.kubernetes.io/unreachable", "", NO_EXECUTE),
+    Taint("node.kubernetes.io/not-ready", "", NO_EXECUTE),
+)
+"""What kube-controller-manager taints a NotReady node with; the taint manager evicts the pods
+that do not tolerate them (by default after 300 s: the DefaultTolerationSeconds admission plugin)."""
+
+
+def toleration(raw: dict[str, Any]) -> Toleration:
+    """A pod spec's toleration, its tolerationSeconds aside."""
+    return Toleration(
+        str(raw.get("key") or ""),
+        str(raw.get("operator") or "Equal"),
+        str(raw.get("value") or ""),
+        str(raw.get("effect") or ""),
+    )
+
+
 def taints_of(spec: dict[str, Any]) -> tuple[Taint, ...]:
     return tuple(
         Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
@@ -60,14 +79,12 @@ def tolerations_of(template: dict[str, Any] | None) -> tuple[Toleration, ...]:
     spec = (template or {}).get("spec") or {}
     out = []
     for t in spec.get("tolerations") or []:
-        effect = str(t.get("effect") or "")
+        parsed = toleration(t)
         if t.get("tolerationSeconds") is not None:
-            if effect == NO_EXECUTE:
+            if parsed.effect == NO_EXECUTE:
                 continue
-            effect = effect or NO_SCHEDULE
-        out.append(
-            Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""), effect)
-        )
+            parsed = dataclasses.replace(parsed, effect=parsed.effect or NO_SCHEDULE)
+        out.append(parsed)
     return tuple(out)
 
 
