@@ -103,7 +103,7 @@ def test_helm_lint_and_template(kube: Kube):
     assert bad.returncode != 0 and "apiTimeoutSeconds" in bad.stderr
     # The tide's hysteresis: the operator's defaults unless set (a slow load wave wants longer).
     assert "--scale-down-stabilization=300" in args and "--grow-back-cooldown=600" in args
-    assert "--not-ready-grace=30" in args and "--outage-hold-limit=3600" in args
+    assert "--not-ready-grace=30" in args
     slow = ["--set", "operator.scaleDownStabilizationSeconds=1800", "--set", "operator.growBackCooldownSeconds=3600"]
     rendered = helm(kube, "template", RELEASE, str(CHART), *slow).stdout
     deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")

@@ -16,7 +16,7 @@ def test_rules_pass_promtool_check():
     assert PROMTOOL, MISSING
     out = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_rules_unit_tests():

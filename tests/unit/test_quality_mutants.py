@@ -711,18 +711,11 @@ MUTANTS = [
         FAILURES + "test_a_slow_recovery_from_an_outage_restarts_nothing_while_nodes_keep_coming_back",
     ),
     Mutant(
-        "an outage holds a node no longer than --outage-hold-limit",
-        OUTAGE,
-        "            failed |= {n for n, t in self.down_since.items() if now - t >= self.hold_limit}\n",
-        "            pass\n",
-        FAILURES + "test_an_outage_past_the_hold_limit_restarts_the_groups_on_nodes_still_not_ready",
-    ),
-    Mutant(
-        "the hold limit counts from when the node went down, not from its last grace",
-        OUTAGE,
-        "failed |= {n for n, t in self.down_since.items() if now - t >= self.hold_limit}",
-        "failed |= {n for n, t in self.since.items() if now - t >= self.hold_limit}",
-        FAILURES + "test_an_outage_holds_a_node_no_longer_than_the_hold_limit_counted_from_when_it_went_down",
+        "a NotReady node outside every Supernode is a failed machine (not held)",
+        CONTROLLER,
+        "        self.failed_not_ready = self.not_ready.failed | repair | outside\n",
+        "        self.failed_not_ready = self.not_ready.failed | repair\n",
+        FAILURES + "test_a_not_ready_node_outside_every_supernode_still_has_its_groups_placed_again",
     ),
     Mutant(
         "tidal's pods tolerate a lost node without a time limit (no 300 s eviction mid-outage)",

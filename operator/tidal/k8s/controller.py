@@ -78,9 +78,6 @@ class ControllerSettings:
     not_ready_grace_seconds: float = 30.0
     """Operator flag --not-ready-grace: while more than 2 nodes are NotReady, how long one must be
     before its groups are placed again (k8s/outage.py)."""
-    outage_hold_limit_seconds: float = 3600.0
-    """Operator flag --outage-hold-limit: a node NotReady this long has its groups placed again
-    even while most nodes are NotReady (k8s/outage.py); 0: held until the nodes are back."""
     state_name: str = "tidal-disruptions"
     """The ledger ConfigMap's name: the peering name + "-disruptions" (one per release)."""
 
@@ -152,11 +149,7 @@ class Controller:
         """ComputeDomain deletes the last flush saw succeed (see Cycle.domains_deleted_before)."""
         self.nudger = DeletionNudger()
         """Deleted objects kopf's finalizer still holds: see deletions.py."""
-        hold_limit = self.settings.outage_hold_limit_seconds
-        self.not_ready = NotReadyTracker(
-            dt.timedelta(seconds=self.settings.not_ready_grace_seconds),
-            dt.timedelta(seconds=hold_limit) if hold_limit else None,
-        )
+        self.not_ready = NotReadyTracker(dt.timedelta(seconds=self.settings.not_ready_grace_seconds))
         """NotReady nodes: failed machines or a control-plane outage (k8s/outage.py)."""
         self.failed_not_ready: frozenset[str] = frozenset()
         self._member_nodes: tuple[Any, frozenset[str]] = (None, frozenset())
@@ -321,7 +314,8 @@ class Controller:
 
     def _watch_outage(self, now: dt.datetime, members: dict[str, Membership]) -> frozenset[str]:
         """Nodes that newly count as failed; logs an outage's start and end. Counted: the
-        Supernodes' members, less those down for repair (their groups are always placed again)."""
+        Supernodes' members, less those down for repair (their groups are always placed again, as
+        are those of NotReady nodes outside every Supernode)."""
         if self._member_nodes[0] is not members:
             self._member_nodes = (members, frozenset(n for m in members.values() for n in m.nodes))
         member_nodes = self._member_nodes[1]
@@ -331,7 +325,11 @@ class Controller:
         watched = [n for n in self.cache.not_ready if n in member_nodes and n not in repair]
         was = self.not_ready.mass
         newly = self.not_ready.update(watched, len(member_nodes) - len(repair), now)
-        self.failed_not_ready = self.not_ready.failed | repair
+        # A node out of every Supernode (its Supernode deleted, its label changed) is not held: no
+        # outage rule covers it, and the taint manager no longer evicts tidal's pods from it.
+        outside = frozenset(n for n in self.cache.not_ready if n not in member_nodes)
+        newly |= outside - self.failed_not_ready
+        self.failed_not_ready = self.not_ready.failed | repair | outside
         if self.not_ready.mass and not was:
             log.warning(
                 "most nodes are NotReady at once: a control-plane outage, not failed nodes; "

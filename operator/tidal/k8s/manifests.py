@@ -73,8 +73,8 @@ def pinned_pod(
         spec["tolerations"] = [*(spec.get("tolerations") or []), implied]
     # tidal, not the taint manager, decides when a pod on a NotReady node goes (k8s/outage.py: a
     # control-plane outage restarts nothing): its 300 s default eviction would break the group
-    # mid-outage, and these bare pods come back only through tidal anyway. As DaemonSet pods do,
-    # tolerate a lost node without a time limit, unless the template says otherwise.
+    # mid-outage, and these bare pods come back only through tidal anyway. Tolerate a lost node
+    # without a time limit, unless the template tolerates it itself (its own limit then holds).
     own = [toleration(t) for t in spec["tolerations"]]
     for taint in NODE_LOST:
         if not any(t.tolerates(taint) for t in own):

@@ -9,12 +9,13 @@ evictions: a zone is in partial disruption when more than 2 and at least
 `--unhealthy-zone-threshold` (0.55) of its nodes are NotReady, in full disruption when none is
 Ready, and a small zone then evicts nothing. tidal applies it to every node it watches: while it
 holds, a NotReady node alone restarts no gang group (a deleted node, a failed or disrupted pod still
-do, and nothing new is placed on a NotReady node). The hold lasts until the nodes are back, or
-until a node has been NotReady for `hold_limit` (operator flag --outage-hold-limit, an hour): a
-partition that long is read as machines lost. kube-controller-manager's taint manager would evict
-a pod once its default 300 s toleration of an unreachable node ran out (at its reduced rate in a
-large zone), which breaks the group; tidal's pods tolerate a lost node without a time limit
-(manifests.pinned_pod, as DaemonSet pods do), because tidal itself decides when they go.
+do, and nothing new is placed on a NotReady node). The hold lasts until the nodes are back, are
+known down (below) or are deleted, with no time limit of its own: a pod deleted on an unreachable
+node stays Terminating until the node is fenced, so releasing the groups earlier would place
+nothing new and would only kill the work if the partition heals (the alert TidalOutageHold tells
+an admin after 30 minutes). kube-controller-manager's taint manager would evict a pod once its
+default 300 s toleration of an unreachable node ran out, which breaks the group; tidal's pods
+tolerate a lost node without a time limit (manifests.pinned_pod), since tidal decides when they go.
 
 Leases lapse over several seconds in an outage (each kubelet renewed at its own moment, and the
 node monitor looks every few seconds), so the outage is not seen whole at once. Hence the grace:
@@ -60,14 +61,9 @@ def mass_not_ready(not_ready: int, nodes: int) -> bool:
 class NotReadyTracker:
     """When each NotReady node was first seen so (operator clock), and which count as failed."""
 
-    def __init__(self, grace: dt.timedelta, hold_limit: dt.timedelta | None = None) -> None:
+    def __init__(self, grace: dt.timedelta) -> None:
         self.grace = grace
-        self.hold_limit = hold_limit
-        """A node NotReady this long counts as failed, outage or not (None: no limit)."""
         self.since: dict[str, dt.datetime] = {}
-        """The grace's clock per NotReady node (restarted while an outage's nodes come back)."""
-        self.down_since: dict[str, dt.datetime] = {}
-        """When each NotReady node was first seen so: the hold limit's clock, never restarted."""
         self.mass = False
         self.settling_until = dt.datetime.min.replace(tzinfo=dt.UTC)
         """Until then (a grace after more than 2 were last NotReady) every NotReady node waits the grace."""
@@ -83,10 +79,8 @@ class NotReadyTracker:
         failed (their workloads must be reconciled though nothing about them changed)."""
         for name in [n for n in self.since if n not in not_ready]:
             del self.since[name]
-            self.down_since.pop(name, None)
         for name in not_ready:
             self.since.setdefault(name, now)
-            self.down_since.setdefault(name, now)
         was, self.mass = self.mass, mass_not_ready(len(not_ready), nodes)
         if was and not self.mass:
             self.recovering = True
@@ -108,8 +102,6 @@ class NotReadyTracker:
             failed = frozenset(self.since)
         else:
             failed = frozenset(n for n, t in self.since.items() if now - t >= self.grace)
-        if self.hold_limit:
-            failed |= {n for n, t in self.down_since.items() if now - t >= self.hold_limit}
         newly = failed - self.failed
         self.failed = failed
         return newly

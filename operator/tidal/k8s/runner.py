@@ -47,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
         admission_timeout_seconds=args.admission_timeout,
         state_namespace=args.state_namespace,
         not_ready_grace_seconds=args.not_ready_grace,
-        outage_hold_limit_seconds=args.outage_hold_limit,
         state_name=args.peering_name + CONFIGMAP_SUFFIX,
     )
     controller = Controller(api, clock, settings)
@@ -187,14 +186,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="while more than 2 nodes are NotReady, how long one must be before its groups are placed "
         "again (an outage may still be spreading; default 30); with 2 or fewer, at once",
-    )
-    parser.add_argument(
-        "--outage-hold-limit",
-        type=_seconds,
-        default=3600.0,
-        metavar="SECONDS",
-        help="while most nodes are NotReady (a control-plane outage) no gang group restarts, until "
-        "a node has been NotReady this long (default 3600; 0: until the nodes are back)",
     )
     parser.add_argument(
         "--state-namespace",
