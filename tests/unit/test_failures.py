@@ -703,3 +703,29 @@ def test_a_not_ready_node_outside_every_supernode_still_has_its_groups_placed_ag
     run(cluster, controller, cycles=3)
     assert job_pods_deleted(cluster), "placed again, not held"
     assert lost in controller.failed_not_ready
+
+
+def test_failures_while_a_node_of_the_job_is_held_not_ready_are_not_charged():
+    """Review: an outage that is partly real (a rack lost along with the control plane) holds the
+    job's group there while its peers on Ready nodes fail their collectives against it; each such
+    failure was charged and the job ran out of maxRestarts (2 here) within minutes."""
+    cluster, controller = four_groups()
+    placement = cluster.status("TrainingJob", "ml", "j")["placement"]
+    survivors = set(placement[1]["nodes"]) | set(placement[2]["nodes"]) | set(placement[3]["nodes"])
+    for name in [n for n in cluster.nodes if n not in survivors]:
+        cluster.nodes[name] = dataclasses.replace(cluster.nodes[name], ready=False)
+    run(cluster, controller, cycles=2)
+    assert controller.not_ready.mass, "60 of 72 nodes NotReady: held"
+    for _ in range(3):
+        for group in (1, 2, 3):
+            fail_group(cluster, group)
+        run(cluster, controller, cycles=2)
+        status = cluster.status("TrainingJob", "ml", "j")
+        assert status["phase"] != "Failed" and status.get("restarts", 0) == 0, status.get("reason")
+    for name, node in list(cluster.nodes.items()):
+        cluster.nodes[name] = dataclasses.replace(node, ready=True)
+    run(cluster, controller, cycles=3)
+    assert cluster.status("TrainingJob", "ml", "j")["phase"] == "Running"
+    fail_group(cluster, 2)  # back: a failure is the job's own again
+    run(cluster, controller, cycles=1)
+    assert cluster.status("TrainingJob", "ml", "j")["restarts"] == 1

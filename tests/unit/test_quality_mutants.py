@@ -711,6 +711,13 @@ MUTANTS = [
         FAILURES + "test_a_slow_recovery_from_an_outage_restarts_nothing_while_nodes_keep_coming_back",
     ),
     Mutant(
+        "failures while a node of the job is held NotReady are not charged",
+        TRAINING,
+        "    if own and (not restarting or own & restarting) and not _held_not_ready(cyc, status):\n",
+        "    if own and (not restarting or own & restarting):\n",
+        FAILURES + "test_failures_while_a_node_of_the_job_is_held_not_ready_are_not_charged",
+    ),
+    Mutant(
         "a NotReady node outside every Supernode is a failed machine (not held)",
         CONTROLLER,
         "        self.failed_not_ready = self.not_ready.failed | repair | outside\n",

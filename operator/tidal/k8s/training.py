@@ -558,6 +558,16 @@ def _broken_groups(
     return broken
 
 
+def _held_not_ready(cyc: Cycle, status: dict[str, Any]) -> bool:
+    """Whether a node of the job's placement is NotReady and held, not counted failed."""
+    for entry in status.get("placement") or []:
+        for node in entry["nodes"]:
+            node_view = cyc.state.nodes.get(node)
+            if node_view is not None and not node_view.ready and not cyc.not_ready_failed(node):
+                return True
+    return False
+
+
 def _departed(cyc: Cycle, view: ResourceView, name: str) -> PodView | None:
     """The last view of this job's deleted pod `name`, if the watch cache kept one."""
     last = cyc.state.departed.get((view.namespace, name))
@@ -616,7 +626,10 @@ def _restart(
     # restart, unless a group of this incident fails again.
     restarting = set(status.get("restartingGroups") or []) if status.get("phase") == "Restarting" else set()
     own = {g for g, b in broken.items() if b.own}
-    if own and (not restarting or own & restarting):
+    # A pod of the job on a NotReady node the outage rule holds (k8s/outage.py) may be dead without
+    # tidal knowing: its peers' collectives fail against it, and charging them would spend the
+    # job's maxRestarts on the outage.
+    if own and (not restarting or own & restarting) and not _held_not_ready(cyc, status):
         restarts += 1
     cyc.count("restarts")  # the metric counts every restart, charged or not
     why = "; ".join(f"group {g}: {b.reason}" for g, b in sorted(broken.items()))
