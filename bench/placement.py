@@ -175,7 +175,7 @@ def run_all(repeats: int, seed: int, quick: bool) -> dict[str, object]:
         result.update(timings_100k(seed, gpus=10_000, samples=20))
         result.update(run(max(repeats // 10, 2), seed, cluster_gpus=40_000))
         return result
-    result.update(churn.run([1, 2, 3, 4, 5], 10_368, 4000, 1.2))
+    result.update(churn.run([1, 2, 3, 4, 5], 10_368, 16_000, 1.2))
     result.update(preemption.optimality(instances=500, seed=seed))
     result.update(timings_100k(seed))
     preempt = preemption.timings_100k(seed)
