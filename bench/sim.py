@@ -4,10 +4,15 @@ over several seeds (mean and spread).
     python -m bench.sim [--json] [--days 7] [--gpus 72000] [--seeds 7,8,9] [--shape nvl72]
     python -m bench.sim --quick          # CI smoke: 1,440 GPUs, 1 day, one seed
     python -m bench.sim --sweep          # offered training load 50/80/100/120%, inference peak 0.2/0.4/0.6
+    python -m bench.sim --live-share 0.5 # half the elastic jobs resize Live (spec.elastic.resize)
+    python -m bench.sim --window-offset-days 2   # the traces from two days later (another window)
 
 Prints (or with --json, one JSON object): per policy the mean over seeds of goodput_gpu_hours
 (training progress after every cost), inference_demand_met, inference_slo_violation_minutes,
-evictions, flaps and the rest of tidal.sim.run.summarize; `spread` (min, max per figure);
+evictions, flaps (the old count), flaps_real (by the definition: GPUs back to the same job within
+the hour of the eviction's decision, or a replica added and removed within it), job_wait_p50_s /
+p95 / p99 (jobs never started counted at the horizon) and the rest of tidal.sim.run.summarize;
+`spread` (min, max per figure);
 lead_vs_autoscale_preempt = tidal goodput / autoscale-preempt goodput (mean over seeds; null if
 tidal met less inference demand in some seed); goodput_ratio_tidal_vs_autoscale_preempt and,
 with `--policy autoscale-preempt-graceful` (the baseline whose preempted gangs save within a grace
@@ -51,6 +56,9 @@ def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
         "seeds": seeds,
         "inference_peak_share": base.inference_peak_share,
         "training_load_share": base.training_load_share,
+        "live_share": base.live_share,
+        "window_offset_days": base.window_offset_days,
+        "bursts": base.bursts,
         "wall_s_per_seed": [r["wall_s"] for r in runs],
         "wall_s_by_policy": [r["wall_s_by_policy"] for r in runs],
         "cpu_s_by_policy": [r["cpu_s_by_policy"] for r in runs],
@@ -121,6 +129,15 @@ def main() -> None:
     parser.add_argument("--training-load-share", type=float, default=1.0)
     parser.add_argument("--inference-peak-share", type=float, default=0.4)
     parser.add_argument("--quick", action="store_true", help="CI smoke: 1,440 GPUs, 1 day, seed 7")
+    parser.add_argument(
+        "--live-share", type=float, default=0.0, help="share of elastic jobs that resize Live (default 0)"
+    )
+    parser.add_argument(
+        "--window-offset-days", type=int, default=0, help="start the traces this many days in (another window)"
+    )
+    parser.add_argument(
+        "--no-bursts", action="store_true", help="inference demand as 10-minute means (the old, smoothed model)"
+    )
     parser.add_argument("--out", type=Path, help="write the first seed's table, JSON and plots here (e.g. docs/sim)")
     parser.add_argument("--sweep", action="store_true", help="load sweep instead of the single table")
     parser.add_argument(
@@ -137,6 +154,9 @@ def main() -> None:
         days=args.days,
         training_load_share=args.training_load_share,
         inference_peak_share=args.inference_peak_share,
+        live_share=args.live_share,
+        window_offset_days=args.window_offset_days,
+        bursts=not args.no_bursts,
     )
     if args.quick:
         base, seeds = dataclasses.replace(base, gpus=1440, days=1), seeds[:1]

@@ -471,7 +471,7 @@ def test_the_forecast_follows_the_time_and_the_workload():
     pool = sim.pools["m-large"]
     policy = Tidal()
     seen = []
-    for hour in (7, 7, 8, 12):
+    for hour in (7, 7, 8.1, 12):  # 08:06: the rise within the lead (~10 min: save, sync, cold start)
         sim.now = 86400 + hour * 3600
         seen.append(policy.forecast(sim, pool))
         assert seen[-1] == policy._forecast(sim, pool)

@@ -38,8 +38,12 @@ from tidal.k8s.training import (
 )
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
 from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
+from tidal.rebalance.resize_cost import ResizeCosts
 
 Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
+
+RESIZE_COSTS = ResizeCosts()
+"""Checkpoint and restart costs by default (a job's own are not known to the operator)."""
 
 
 @dataclass
@@ -222,7 +226,9 @@ def _grow(
     left = budget_left(cyc, jobs, settings)
     with cyc.tolerating(view.spec.get("template")):  # it may evict on the tainted nodes it tolerates
         scratch = without_evictions_in_flight(cyc, jobs)
-    plan = plan_capacity(scratch, _request(cyc, view, remaining), running_gangs(cyc, jobs), left)
+    # The cost model the simulator charges (tidal.rebalance.resize_cost): the ways to make room are
+    # weighed by the GPU-seconds of no progress they cause, as the simulator's tidal policy does.
+    plan = plan_capacity(scratch, _request(cyc, view, remaining), running_gangs(cyc, jobs), left, RESIZE_COSTS)
     by_uid = {v.uid: (v, s) for v, s in jobs.values()}
     evictor = pool_evictor(view)
     for eviction in plan.evictions:

@@ -80,6 +80,8 @@ class RunningGang:
     """Allocations per DP replica (a non-elastic gang may use a single entry)."""
     min_replicas: int | None = None
     """Elastic gangs may shrink to this many replicas by giving back their highest replicas."""
+    resize: str = "Restart"
+    """How it resizes (spec.elastic.resize): what a shrink costs it (tidal.rebalance.resize_cost)."""
 
     @property
     def gpus(self) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from tidal.placement import Eviction, GangRequest, PlacementPlan, RunningGang, plan_gang
 from tidal.placement.preemption import Choice, EvictionSearch, eligible_gangs, sized
+from tidal.rebalance.resize_cost import ResizeCosts, ResizeKind
 from tidal.topology.snapshot import ClusterSnapshot
 
 
@@ -38,13 +39,23 @@ def _stages(search: EvictionSearch) -> list[tuple[str, list[int]]]:
 
 
 def plan_capacity(
-    snapshot: ClusterSnapshot, request: GangRequest, running: list[RunningGang], budget_gpus: int | None
+    snapshot: ClusterSnapshot,
+    request: GangRequest,
+    running: list[RunningGang],
+    budget_gpus: int | None,
+    costs: ResizeCosts | None = None,
 ) -> CapacityPlan:
     """Room for up to `request.groups` replicas (one group each): free first, then training.
 
     The most replicas any stage makes room for within the budget; among stages reaching that
     many, the earliest (shrink before suspend, lower priority tiers first). All stages share one
     EvictionSearch, so the per-node aggregation of the running gangs is done once.
+
+    With `costs`, the ways are weighed by the GPU-seconds of no progress they cause
+    (`resize_cost`): when the plan shrinks a Restart job (which stalls every GPU of it for a save
+    and a reload), the same search is made again with Restart jobs only suspended whole, and the
+    cheaper plan of the two wins if it makes room for as many replicas and suspends no job of a
+    higher priority than the first plan suspends.
     """
     direct = plan_gang(snapshot, request)
     if isinstance(direct, PlacementPlan):
@@ -58,7 +69,53 @@ def plan_capacity(
     eligible = eligible_gangs(running, request.priority)
     if not eligible:
         return free_only
-    search = EvictionSearch(snapshot, request, eligible, base_groups=direct.groups_fitting_now)
+    plan = _best_plan(snapshot, request, eligible, budget_gpus, direct.groups_fitting_now, free_only)
+    if costs is None or not any(_restart_shrink(e, eligible) for e in plan.evictions):
+        return plan
+    whole_only = [g if g.resize == ResizeKind.LIVE else replace(g, min_replicas=None) for g in eligible]
+    other = _best_plan(snapshot, request, whole_only, budget_gpus, direct.groups_fitting_now, free_only)
+    if (
+        other.replicas >= plan.replicas
+        and _suspended_tier(other, eligible) <= _suspended_tier(plan, eligible)
+        and plan_cost(other, eligible, costs) < plan_cost(plan, eligible, costs)
+    ):
+        return replace(other, reason=f"{other.reason} (cheaper than shrinking Restart jobs)")
+    return plan
+
+
+def _restart_shrink(eviction: Eviction, gangs: list[RunningGang]) -> bool:
+    return not eviction.whole and any(g.name == eviction.gang and g.resize != ResizeKind.LIVE for g in gangs)
+
+
+def _suspended_tier(plan: CapacityPlan, gangs: list[RunningGang]) -> int:
+    """The highest priority the plan suspends whole: a cheaper plan may not suspend higher."""
+    by_name = {g.name: g.priority for g in gangs}
+    return max((by_name[e.gang] for e in plan.evictions if e.whole), default=-(2**31))
+
+
+def plan_cost(plan: CapacityPlan, gangs: list[RunningGang], costs: ResizeCosts) -> float:
+    """GPU-seconds of no progress the plan's evictions cause (resize_cost), the GPUs freed aside."""
+    by_name = {g.name: g for g in gangs}
+    total = 0.0
+    for e in plan.evictions:
+        gang = by_name[e.gang]
+        model_gpus = max(gang.gpus // max(len(gang.replicas), 1), 1)
+        if e.whole:
+            total += costs.suspend_gpu_s(gang.gpus, model_gpus)
+        else:
+            total += costs.shrink_gpu_s(gang.resize, gang.gpus, e.gpus, model_gpus)
+    return total
+
+
+def _best_plan(
+    snapshot: ClusterSnapshot,
+    request: GangRequest,
+    eligible: list[RunningGang],
+    budget_gpus: int | None,
+    base_groups: int,
+    free_only: CapacityPlan,
+) -> CapacityPlan:
+    search = EvictionSearch(snapshot, request, eligible, base_groups=base_groups)
     # No stage can pay for more groups than a lower bound on their GPUs allows: caps every search below.
     affordable = request.groups if budget_gpus is None else search.affordable_groups(budget_gpus, request.groups)
     stages = _stages(search)

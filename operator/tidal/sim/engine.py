@@ -1,9 +1,11 @@
 """Discrete-event simulation of one scheduling policy on one fleet, deterministic for a seed.
 
 Events: training arrivals, jobs finishing, restored (a restart/resize done), checkpoints written,
-inference replicas warm, node failures and repairs, and a tick every 10 minutes (the traces'
-resolution) when inference demand changes. Placement and rebalancing call tidal.placement and
-tidal.rebalance unchanged.
+Live joins done, inference replicas warm, node failures and repairs, and a tick every minute: the
+autoscaler's sync period (`SYNC_S`). Inference demand changes every minute; a policy sees it only
+as an autoscaler would (`Simulation.observed`: the mean over the last `METRIC_WINDOW_S`), decides
+at the tick, and a replica it adds serves after its cold start. Placement and rebalancing call
+tidal.placement and tidal.rebalance unchanged.
 
 Every cost in `Costs` is charged to every policy: a checkpoint takes time that grows with the
 model; any start, restart, resize or re-admission stalls the job while it reloads; a job killed
@@ -17,34 +19,33 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
 from tidal.placement import GangRequest, GroupAssignment, PlacementPlan, RunningGang, apply_plan, plan_gang
 from tidal.placement.workload_mix import JobShape
+from tidal.rebalance.resize_cost import ResizeCosts, ResizeKind
 from tidal.sim.workload import WINDOW, TrainingArrival, Workload
 from tidal.topology.snapshot import ClusterSnapshot
 
 EPOCH = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # the traces' day 0, 00:00 local time
 FLAP_WINDOW_S = 3600.0
-"""A job shrunk or evicted for capacity that grows back or restarts within this long is a flap."""
+"""A capacity eviction whose GPUs come back to the same job within this long of the eviction's
+decision is a flap (`flaps_real`), and so is an inference replica added and removed within it."""
+SYNC_S = 60.0
+"""Every policy decides once a minute, as an HPA whose sync period and metric window are a minute
+(HPA's own default sync is 15 s, over metrics that Prometheus adapters average over a minute or more)."""
+METRIC_WINDOW_S = 60.0
+"""What a policy knows of inference demand: its mean over the last minute, never the present."""
 
 
 @dataclass(frozen=True)
-class Costs:
-    """What resizing, restarting and serving really cost. Defaults and their sources:
+class Costs(ResizeCosts):
+    """What resizing, restarting and serving really cost. The checkpoint, restart and Live resize
+    costs and their sources are `tidal.rebalance.resize_cost.ResizeCosts` (the planner weighs the
+    same ones); the simulator adds:
 
-    - bytes_per_param 14: mixed-precision Adam keeps 16 bytes per parameter (ZeRO, Rajbhandari
-      et al., SC '20: fp16 weights and gradients, fp32 weights, momentum, variance); a checkpoint
-      holds all but the gradients.
-    - params_per_model_gpu 2e9: parameters per GPU of one model replica (tp*ep*pp GPUs): Llama 3
-      405B ran on TP8 x PP16 = 128 GPUs per replica (3.2 B/GPU); a 7 B fine-tune on 4 GPUs is 1.75 B.
-    - write/read bandwidth per GPU: Llama 3 (arXiv:2407.21783, sec. 3.3.1): Tectonic served the
-      24K-GPU cluster at 2 TB/s sustained and 7 TB/s peak, i.e. 81 MB/s and 285 MB/s per GPU. A
-      sharded checkpoint is written and read by all of a job's GPUs in parallel.
-    - restart_s 180: rescheduling, container start, collective-communication init and compilation
-      before the checkpoint load (the T1+T2+T4 of Huawei MindCluster's resumable-training
-      breakdown; minutes at scale per MegaScale, NSDI '24).
     - checkpoint_every_s 1800 and periodic_blocking 0.1: periodic saves every 30 minutes,
       asynchronous (Llama 3, MegaScale, Gemini all save asynchronously), blocking training for a
       tenth of a full save (the device-to-host copy).
@@ -55,24 +56,19 @@ class Costs:
       parallelism over the scale-out network (~10x less bandwidth). An assumption.
     """
 
-    bytes_per_param: float = 14.0
-    params_per_model_gpu: float = 2.0e9
-    write_bytes_s_per_gpu: float = 2e12 / 24_576
-    read_bytes_s_per_gpu: float = 7e12 / 24_576
-    restart_s: float = 180.0
     checkpoint_every_s: float = 1800.0
     periodic_blocking: float = 0.1
     cold_start_s: float = 180.0
     split_efficiency: float = 0.3
 
     def checkpoint_bytes(self, shape: JobShape) -> float:
-        return self.bytes_per_param * self.params_per_model_gpu * shape.tp * shape.ep * shape.pp
+        return self.state_bytes(shape.tp * shape.ep * shape.pp)
 
     def save_s(self, shape: JobShape, gpus: int) -> float:
-        return self.checkpoint_bytes(shape) / (max(gpus, 1) * self.write_bytes_s_per_gpu)
+        return self.save_seconds(shape.tp * shape.ep * shape.pp, gpus)
 
     def restore_s(self, shape: JobShape, gpus: int) -> float:
-        return self.restart_s + self.checkpoint_bytes(shape) / (max(gpus, 1) * self.read_bytes_s_per_gpu)
+        return self.restore_seconds(shape.tp * shape.ep * shape.pp, gpus)
 
     def periodic_overhead(self, shape: JobShape, gpus: int) -> float:
         """Share of the running time lost to periodic checkpoints."""
@@ -81,7 +77,14 @@ class Costs:
         return min(0.5, self.periodic_blocking * self.save_s(shape, gpus) / self.checkpoint_every_s)
 
 
-FREE = Costs(bytes_per_param=0.0, restart_s=0.0, periodic_blocking=0.0, cold_start_s=0.0, checkpoint_every_s=1800.0)
+FREE = Costs(
+    bytes_per_param=0.0,
+    restart_s=0.0,
+    rebuild_s=0.0,
+    periodic_blocking=0.0,
+    cold_start_s=0.0,
+    checkpoint_every_s=1800.0,
+)
 """No resize, restart or cold-start cost (the old model; for tests that isolate one rule)."""
 
 
@@ -105,7 +108,9 @@ class Job:
     split_groups: int = 0
     unsaved: float = 0.0  # work at risk while a requested checkpoint is being written
     recovery: bool = False  # queued after a failure: ahead of new work of its priority
-    down_at: float | None = None  # last shrink or eviction for capacity (flap detection)
+    down_at: float | None = None  # last shrink or eviction for capacity, stamped once saved (the old flap count)
+    down_decided_at: float | None = None  # when that eviction was decided (flaps_real)
+    joining_gpus: int = 0  # GPUs of Live replicas still starting or fetching state: held, not training
     overhead: float = 0.0  # periodic-checkpoint share at the current size
     group_gpus: int = field(init=False)
     # (groups, dp, the RunningGang they make): the capacity planner asks for every running job's
@@ -131,7 +136,15 @@ class Job:
     def rate(self) -> float:
         if self.state != "running":
             return 0.0
-        return self.gpus_held * self.efficiency * (1.0 - self.overhead)
+        return (self.gpus_held - self.joining_gpus) * self.efficiency * (1.0 - self.overhead)
+
+    @property
+    def model_gpus(self) -> int:
+        return self.shape.tp * self.shape.ep * self.shape.pp
+
+    @property
+    def resize(self) -> ResizeKind:
+        return ResizeKind.LIVE if self.arrival.live_resize else ResizeKind.RESTART
 
     @property
     def groups_per_replica(self) -> int:
@@ -142,6 +155,7 @@ class Job:
 class Replica:
     group: GroupAssignment
     ready_at: float
+    added_at: float = 0.0
 
 
 @dataclass
@@ -200,11 +214,16 @@ class Totals:
     evictions: int = 0  # jobs suspended or shrunk to make room for inference
     shrinks: int = 0
     grow_backs: int = 0
-    flaps: int = 0
+    flaps: int = 0  # the old count: a grow-back or restart within the hour after the save
+    flaps_jobs: int = 0  # GPUs back to the same job within the hour of the eviction's decision
+    flaps_replicas: int = 0  # inference replicas added and removed within the hour
+    live_shrinks: int = 0
+    live_grow_backs: int = 0
     restarts: int = 0  # after failures
     group_restarts: int = 0  # of those, re-placing only the broken groups
     budget_limited: int = 0  # plans cut short by the disruption budget
     waits: list[float] = field(default_factory=list)
+    waits_unstarted: list[float] = field(default_factory=list)  # jobs never started: arrival to the horizon
     samples: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -245,8 +264,8 @@ class Simulation:
             self.push(a.at, "arrival", a)
         for f in self.workload.failures:
             self.push(f.at, "failure", f)
-        for w in range(int(self.end // WINDOW)):
-            self.push(w * WINDOW, "tick", w)
+        for k in range(int(self.end // SYNC_S)):
+            self.push(k * SYNC_S, "tick", k)
         self.policy.start(self)
         while self._events:
             at, _, kind, payload = heapq.heappop(self._events)
@@ -262,6 +281,9 @@ class Simulation:
         self.now = self.end
         for job in self.active.values():
             self._progress(job)
+        self.totals.waits_unstarted = [
+            self.end - j.arrival.at for j in self.jobs.values() if j.first_start is None and j.arrival.at < self.end
+        ]
         return self.totals
 
     def _on_arrival(self, arrival: TrainingArrival) -> None:
@@ -292,10 +314,20 @@ class Simulation:
     def _on_warm(self, _payload: object) -> None:
         pass  # a replica finished its cold start: accounting up to here has been done
 
-    def _on_tick(self, window: int) -> None:
+    def _on_tick(self, k: int) -> None:
         self.policy.tick(self)
         self.policy.admit(self)
-        self._sample()
+        if (k * SYNC_S) % WINDOW == 0:
+            self._sample()
+
+    def _on_joined(self, payload: tuple[str, int]) -> None:
+        """Live replicas have started and fetched the state: the world rebuilds its communicators."""
+        job = self.jobs[payload[0]]
+        if job.version != payload[1] or job.state != "running":
+            return
+        self._progress(job)
+        job.joining_gpus = 0
+        self._restore(job, self.costs.rebuild_s)
 
     def _on_failure(self, failure) -> None:
         name = self.node_names[failure.node_index % len(self.node_names)]
@@ -341,8 +373,10 @@ class Simulation:
             self.push(self.now + job.remaining / job.rate, "finish", (job.id, job.version))
 
     def _restore(self, job: Job, stall_s: float) -> None:
-        """The job holds its GPUs and makes no progress for `stall_s`, then runs."""
+        """The job holds its GPUs and makes no progress for `stall_s`, then runs (Live replicas
+        still joining are then members: every restore re-forms the whole world)."""
         self._progress(job)
+        job.joining_gpus = 0
         job.state = "restoring"
         job.overhead = self.costs.periodic_overhead(job.shape, job.gpus_held)
         job.version += 1
@@ -351,7 +385,9 @@ class Simulation:
     def _note_up(self, job: Job) -> None:
         if job.down_at is not None and self.now - job.down_at < FLAP_WINDOW_S:
             self.totals.flaps += 1
-        job.down_at = None
+        if job.down_decided_at is not None and self.now - job.down_decided_at < FLAP_WINDOW_S:
+            self.totals.flaps_jobs += 1
+        job.down_at = job.down_decided_at = None
 
     def start(self, job: Job, plan: PlacementPlan, dp: int, split_groups: int = 0) -> None:
         apply_plan(self.snapshot, plan)
@@ -427,6 +463,7 @@ class Simulation:
         self._release_groups(job, job.groups)
         job.groups = []
         job.state = "queued"
+        job.joining_gpus = 0
         self.active.pop(job.id, None)
         job.version += 1
         job.evicting = ()
@@ -436,13 +473,18 @@ class Simulation:
         """Evict for capacity without a checkpoint: the work since the last periodic save is lost."""
         self._lose(job, preemption=True)
         self.totals.evictions += 1
-        job.down_at = self.now
+        job.down_at = job.down_decided_at = self.now
         self._requeue(job)
 
     def request_checkpoint(self, job: Job, replicas: tuple[int, ...]) -> None:
         """Checkpoint first: the job stops and keeps its GPUs while its state is written (a
-        time that grows with the model), then gives back the replicas (or all) and loses nothing."""
+        time that grows with the model), then gives back the replicas (or all) and loses nothing.
+        A Live job's shrink needs no checkpoint: the leaving replicas go at once (`live_shrink`)."""
         self._progress(job)
+        job.down_decided_at = self.now
+        if replicas and len(replicas) < job.dp and job.resize == ResizeKind.LIVE and job.state == "running":
+            self.live_shrink(job, replicas)
+            return
         if job.state == "restoring":  # nothing new to save: it is still loading the last one
             job.evicting = replicas
             self.evict_now(job)
@@ -469,15 +511,42 @@ class Simulation:
         else:
             self._requeue(job)
 
+    def live_shrink(self, job: Job, replicas: tuple[int, ...]) -> None:
+        """Live: the leaving replicas go now; the survivors keep the state and stall only for a
+        communicator rebuild. Nothing is written and nothing is lost."""
+        self.totals.evictions += 1
+        self.totals.live_shrinks += 1
+        job.down_at = self.now
+        gone = set(replicas)
+        per = job.groups_per_replica
+        self._release_groups(job, [g for g in job.groups if g.group // per in gone])
+        job.groups = [g for g in job.groups if g.group // per not in gone]
+        job.dp -= len(gone)
+        job.evicting = ()
+        self.totals.shrinks += 1
+        self._restore(job, self.costs.rebuild_s)
+
     def grow(self, job: Job, plan: PlacementPlan, dp: int) -> None:
-        """Add DP replicas to a running job: it checkpoints, then restarts at the new size."""
+        """Add DP replicas to a running job. Restart: it checkpoints, then restarts at the new
+        size. Live: the survivors train on while the new replicas start and fetch the state from
+        peers (held, not training), then everyone stalls for one communicator rebuild."""
         self._progress(job)
+        added = len(plan.groups) * job.group_gpus
         saving = self.costs.save_s(job.shape, job.gpus_held)
         apply_plan(self.snapshot, plan)
         job.groups = sorted(job.groups + list(plan.groups), key=lambda g: g.group)
         job.dp = dp
         self.totals.grow_backs += 1
         self._note_up(job)
+        if job.resize == ResizeKind.LIVE and job.state == "running":
+            self.totals.live_grow_backs += 1
+            job.joining_gpus = added
+            job.overhead = self.costs.periodic_overhead(job.shape, job.gpus_held)
+            self._schedule_finish(job)  # the same work at the survivors' rate until the join
+            join = self.costs.restart_s + self.costs.transfer_seconds(job.model_gpus)
+            self.push(self.now + join, "joined", (job.id, job.version))
+            return
+        job.joining_gpus = 0
         self._restore(job, saving + self.costs.restore_s(job.shape, job.gpus_held))
 
     def _release_group(self, group: GroupAssignment, gpus_per_pod: int) -> None:
@@ -491,7 +560,7 @@ class Simulation:
     # -- inference replicas ------------------------------------------------------------------
     def add_replicas(self, pool: Pool, groups: tuple[GroupAssignment, ...] | list[GroupAssignment]) -> None:
         ready = self.now + self.costs.cold_start_s
-        pool.replicas += [Replica(g, ready) for g in groups]
+        pool.replicas += [Replica(g, ready, self.now) for g in groups]
         pool.changed()
         if groups and self.costs.cold_start_s > 0:
             self.push(ready, "warm")
@@ -518,6 +587,8 @@ class Simulation:
                     gone.append(i)
         for i in gone:
             self._release_group(replicas[i].group, pool.gpus_per_pod)
+            if self.now - replicas[i].added_at < FLAP_WINDOW_S:
+                self.totals.flaps_replicas += 1
         dropped = set(gone)
         pool.replicas = [r for i, r in enumerate(replicas) if i not in dropped]
         pool.changed()
@@ -541,6 +612,7 @@ class Simulation:
                 job.arrival.preemptible,
                 tuple(tuple(r) for r in replicas),
                 job.arrival.min_dp,
+                resize=job.resize,
             )
             job.gang = (job.groups, job.dp, gang)
             gangs.append(gang)
@@ -554,7 +626,19 @@ class Simulation:
         return sum(j.gpus_held for j in self.active.values())
 
     def demand(self, pool: Pool, at: float | None = None) -> int:
+        """The true demand: for the accounting only. A policy reads `observed`."""
         return self.workload.desired_at(pool.name, self.now if at is None else at)
+
+    def observed(self, pool: Pool) -> int:
+        """Replicas an autoscaler asks for now: the demand's mean over the last metric window
+        (the largest step it spans, since a replica serves whole; one minute at the default)."""
+        start = max(self.now - METRIC_WINDOW_S, 0.0)
+        step = self.workload.demand_step_s
+        points = {start + k * step for k in range(int(METRIC_WINDOW_S // step) + 1) if start + k * step < self.now}
+        if not points:
+            return self.workload.desired_at(pool.name, start)
+        values = [self.workload.desired_at(pool.name, t) for t in points]
+        return math.ceil(sum(values) / len(values) - 1e-9)
 
     def _account(self, until: float) -> None:
         dt_s = until - self._last_accounting
@@ -567,6 +651,8 @@ class Simulation:
             training += held
             if job.state != "running":
                 stalled += held
+            else:
+                stalled += job.joining_gpus
         inference = short = 0
         tot = self.totals
         for pool in self.pools.values():

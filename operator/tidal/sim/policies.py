@@ -13,11 +13,17 @@ admission order (priority, then recoveries, then arrival; backfill allowed) and 
 - first-fit: like topology-only, but training is placed topology-unaware (first fit), so HBD
   groups split across supernodes and those jobs run at Costs.split_efficiency.
 - tidal: inference sized by demand and by the diurnal profile learned from the previous days
-  (scaling ahead of the ramp), capacity taken with tidal.rebalance.plan_capacity (free GPUs,
-  elastic shrink, then suspension, lowest priority first) within a disruption budget,
-  checkpoint first; shrunk jobs grow back (partially if need be) in priority order with
-  admission, after a cooldown and only into GPUs the forecast does not need.
+  (scaling ahead of the ramp by the time making room takes: a checkpoint write, a decision period
+  and a cold start), capacity taken with tidal.rebalance.plan_capacity (free GPUs, elastic shrink,
+  then suspension, lowest priority first, the cheapest way in GPU-seconds of no progress by
+  `resize_cost`) within a disruption budget, checkpoint first unless a job resizes Live; shrunk
+  jobs grow back (partially if need be) in priority order with admission, after a cooldown, only
+  into GPUs the forecast does not need and only when the added replicas' work before the
+  forecast wants the GPUs back outweighs the grow-back's cost.
   `tidal-reactive` is the same without forecasting (an ablation).
+
+Every policy sees inference demand only as an autoscaler does: `Simulation.observed`, the last
+minute's mean, at each one-minute sync; what it adds serves after the cold start.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from tidal.placement import (
     split_groups,
 )
 from tidal.rebalance import DemandTracker, plan_capacity
-from tidal.sim.engine import Job, Pool, Simulation
+from tidal.sim.engine import FLAP_WINDOW_S, SYNC_S, Job, Pool, Simulation
 from tidal.sim.workload import WINDOW
 
 ADMIT_TRIES = 32
@@ -48,13 +54,15 @@ DAY_START_H, DAY_END_H = 8, 23
 STABILIZATION = dt.timedelta(minutes=30)
 """Scale-down waits until demand has stayed lower for 30 minutes: three ticks, not one."""
 GROW_COOLDOWN_S = 3600.0
-"""A shrunk job grows back no sooner than an hour after its shrink."""
-FORECAST_LEAD_S = 3600.0
-"""Tidal scales inference for the next hour's forecast demand."""
+"""A shrunk job grows back no sooner than an hour after the shrink's decision."""
 FORECAST_DAYS = 7
-BUDGET_SHARE = 0.10
-"""Disruption budget, as the operator's --disruption-budget-gpus-per-hour: at most 10% of the
-cluster's GPUs asked to checkpoint (suspend or shrink) in any hour."""
+GROW_HORIZON_S = 12 * 3600.0
+"""How far ahead a grow-back looks for the forecast wanting its GPUs back."""
+BUDGET_SHARE = 0.20
+"""Disruption budget, as the operator's --disruption-budget-gpus-per-hour: at most 20% of the
+cluster's GPUs asked to checkpoint (suspend or shrink) in any hour. At 10% (the setting before
+demand came per minute with its bursts) tidal met less of the inference demand than the
+baseline (98.82% against 99.10% at 24,048 GPUs, seed 7): a burst could not be met within it."""
 
 
 def job_request(job: Job, dp: int) -> GangRequest:
@@ -91,8 +99,12 @@ class Policy:
         return []
 
     def admit(self, sim: Simulation) -> None:
-        """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed.
-        Shrunk jobs that may grow back take their turn in the same order."""
+        self.admit_pass(sim, partial=self.elastic)
+
+    def admit_pass(self, sim: Simulation, partial: bool) -> None:
+        """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed;
+        with `partial`, an elastic job that does not fit whole starts at the largest DP that
+        fits (down to its minDP). Shrunk jobs that may grow back take their turn in the same order."""
         free = sim.snapshot.free_gpus()
         tries = 0
         # The planner's count of what fits now (room_key), from its last refusal of a request of
@@ -107,7 +119,7 @@ class Policy:
                 free -= self.grow_back(sim, job, free)
                 continue
             dps = [job.shape.dp]
-            if self.elastic and job.arrival.min_dp:
+            if partial and job.arrival.min_dp:
                 dps += list(range(job.shape.dp - 1, job.arrival.min_dp - 1, -1))
             if job.shape.gpus * dps[-1] // job.shape.dp > free:
                 continue
@@ -206,9 +218,10 @@ class StaticSplit(Policy):
     def start(self, sim: Simulation) -> None:
         for pool in sim.pools.values():
             series = sim.workload.inference_replicas[pool.name]
+            step = sim.workload.demand_step_s
             for day in (True, False):
                 self.size[(pool.name, day)] = max(
-                    (r for w, r in enumerate(series) if is_day(sim, w * WINDOW) == day), default=0
+                    (r for w, r in enumerate(series) if is_day(sim, w * step) == day), default=0
                 )
         self.tick(sim)
 
@@ -231,9 +244,15 @@ class StaticSplit(Policy):
 
 
 class Autoscaled(Policy):
-    """Inference pools sized by demand every tick, scale-down stabilized."""
+    """Inference pools sized by observed demand every tick, scale-down stabilized."""
 
-    forecast_lead_s = 0.0
+    forecasting = False
+
+    def lead_s(self, sim: Simulation) -> float:
+        """How far ahead the forecast looks: the time making room takes (0: no forecast)."""
+        if not self.forecasting:
+            return 0.0
+        return sim.costs.room_lead_s(SYNC_S, sim.costs.cold_start_s)
 
     def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
         self.tracker = DemandTracker(window=stabilization)
@@ -245,7 +264,7 @@ class Autoscaled(Policy):
         self.tick(sim)
 
     def forecast(self, sim: Simulation, pool: Pool) -> int:
-        """Replicas needed within the next `forecast_lead_s`: today's demand plus the largest rise
+        """Replicas needed within the lead (`lead_s`): the observed demand plus the largest rise
         the previous days showed from this time of day over the lead (the mean over up to
         FORECAST_DAYS days). Only past demand is read."""
         cached = self.forecasts.get(pool.name)
@@ -256,20 +275,26 @@ class Autoscaled(Policy):
         return value
 
     def _forecast(self, sim: Simulation, pool: Pool) -> int:
-        days = min(int(sim.now // 86400), FORECAST_DAYS)
-        if not days or self.forecast_lead_s <= 0:
+        lead = self.lead_s(sim)
+        if lead <= 0 or not self.past_days(sim):
             return 0
-        series = sim.workload.inference_replicas[pool.name]
+        base = self.past(sim, pool, sim.now)
+        steps = max(math.ceil(lead / WINDOW), 1)
+        rise = max(self.past(sim, pool, sim.now + k * lead / steps) - base for k in range(steps + 1))
+        return sim.observed(pool) + math.ceil(rise - 1e-9)
 
-        def past(at: float) -> float:
-            return sum(series[int((at - d * 86400) // WINDOW)] for d in range(1, days + 1)) / days
+    @staticmethod
+    def past_days(sim: Simulation) -> int:
+        return min(int(sim.now // 86400), FORECAST_DAYS)
 
-        base = past(sim.now)
-        rise = max(past(sim.now + k * WINDOW) - base for k in range(int(self.forecast_lead_s // WINDOW) + 1))
-        return sim.demand(pool) + math.ceil(rise)
+    def past(self, sim: Simulation, pool: Pool, at: float) -> float:
+        """The mean demand of the previous days at this time of day (10-minute means: only the
+        past is read, `at` - d days is before now for every d >= 1 within the lead)."""
+        days = self.past_days(sim)
+        return sum(sim.workload.window_mean(pool.name, at - d * 86400) for d in range(1, days + 1)) / days
 
     def target(self, sim: Simulation, pool: Pool) -> int:
-        desired = max(sim.demand(pool), self.forecast(sim, pool))
+        desired = max(sim.observed(pool), self.forecast(sim, pool))
         return self.tracker.stabilized(pool.name, sim.wall_clock(), desired)
 
     def tick(self, sim: Simulation) -> None:
@@ -347,7 +372,7 @@ class AutoscalePreemptGraceful(CheckpointFirst):
 class Tidal(CheckpointFirst):
     name = "tidal"
     elastic = True
-    forecast_lead_s = FORECAST_LEAD_S
+    forecasting = True
 
     def __init__(
         self,
@@ -393,7 +418,7 @@ class Tidal(CheckpointFirst):
             sim.totals.budget_limited += 1
             self.stuck.add(pool.name)
             return
-        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), budget)
+        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), budget, sim.costs)
         if "budget" in plan.reason:
             sim.totals.budget_limited += 1
         if not plan.evictions:
@@ -412,9 +437,18 @@ class Tidal(CheckpointFirst):
         want = 0
         for pool in sim.pools.values():
             if pool.accelerator == accelerator:
-                ahead = max(self.forecast(sim, pool), sim.demand(pool))
+                ahead = max(self.forecast(sim, pool), sim.observed(pool))
                 want += max(ahead - len(pool.replicas), 0) * pool.tp
         return want
+
+    def admit(self, sim: Simulation) -> None:
+        """Whole starts first, then smaller ones: a pass that starts only whole jobs, then one
+        that starts elastic jobs at a smaller DP in the room left. Starting an elastic job
+        smaller as soon as it is its turn (one pass, as Kueue's partial admission does) kept the
+        cluster so full that big and low-priority gangs waited for days (p95 wait ~10x the
+        baseline's at 24,048 GPUs): each fragment went to the next partial start."""
+        self.admit_pass(sim, partial=False)
+        self.admit_pass(sim, partial=True)
 
     def grow_candidates(self, sim: Simulation) -> list[Job]:
         if self.waiting:
@@ -427,13 +461,38 @@ class Tidal(CheckpointFirst):
             and sim.now - self.shrunk_at.get(j.id, -1e18) >= self.grow_cooldown_s
         ]
 
+    def calm_s(self, sim: Simulation, accelerator: str, spare_gpus: int) -> float:
+        """How long, by the previous days' profile, until the pools of `accelerator` want more
+        than `spare_gpus` GPUs beyond what they want now (GROW_HORIZON_S if not within it; the
+        hour a grow-back must hold not to be a flap when there is no past to learn from)."""
+        if not self.forecasting or not self.past_days(sim):
+            return max(self.grow_cooldown_s, FLAP_WINDOW_S)
+        pools = [p for p in sim.pools.values() if p.accelerator == accelerator]
+        base = sum(self.past(sim, p, sim.now) * p.tp for p in pools)
+        for k in range(1, int(GROW_HORIZON_S // WINDOW) + 1):
+            at = sim.now + k * WINDOW
+            if sum(self.past(sim, p, at) * p.tp for p in pools) - base > spare_gpus:
+                return k * WINDOW
+        return GROW_HORIZON_S
+
+    def grow_pays(self, sim: Simulation, job: Job, added: int, room: int) -> bool:
+        """The added replicas' work until the forecast wants the GPUs back (or the job ends)
+        outweighs what the grow-back stalls (resize_cost, by how the job resizes)."""
+        cost = sim.costs.grow_gpu_s(job.resize, job.gpus_held, added, job.model_gpus)
+        rate = max(job.rate, 1e-9)
+        until_done = job.remaining / rate if job.state == "running" else float("inf")
+        gain = added * min(self.calm_s(sim, job.arrival.accelerator, room - added), until_done)
+        return gain > cost
+
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
         """Grow a shrunk job by as many of its missing DP replicas as fit, leaving the GPUs the
-        inference forecast needs; returns the GPUs taken."""
+        inference forecast needs, when it pays; returns the GPUs taken."""
         per = job.groups_per_replica
         replica_gpus = per * job.shape.group_gpus
         room = free - self.headroom(sim, job.arrival.accelerator)
         missing = min(job.shape.dp - job.dp, room // replica_gpus)
+        if missing > 0 and not self.grow_pays(sim, job, missing * replica_gpus, room):
+            return 0
         while missing > 0:
             have = job.dp * per
             request = GangRequest(
@@ -455,7 +514,7 @@ class Tidal(CheckpointFirst):
 
 class TidalReactive(Tidal):
     name = "tidal-reactive"
-    forecast_lead_s = 0.0
+    forecasting = False
 
 
 POLICIES: dict[str, type[Policy]] = {

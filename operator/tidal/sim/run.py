@@ -28,6 +28,12 @@ class Scenario:
     spares_per_supernode: int = 0
     """Hot-spare nodes per supernode (used only to re-place failed groups)."""
     costs: Costs = field(default_factory=Costs)
+    live_share: float = 0.0
+    """Share of elastic jobs that resize Live (spec.elastic.resize); the rest Restart."""
+    window_offset_days: int = 0
+    """Start the traces this many days in (another week of ServeGen and Helios)."""
+    bursts: bool = True
+    """Inference demand per minute with the Azure trace's bursts (False: each 10-minute mean)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -50,10 +56,20 @@ def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, floa
         "shrinks": totals.shrinks,
         "grow_backs": totals.grow_backs,
         "flaps": totals.flaps,
+        # A flap by its definition: GPUs back to the same job within the hour of the eviction's
+        # decision, or an inference replica added and removed within the hour.
+        "flaps_real": totals.flaps_jobs + totals.flaps_replicas,
+        "flaps_jobs": totals.flaps_jobs,
+        "flaps_replicas": totals.flaps_replicas,
+        "live_shrinks": totals.live_shrinks,
+        "live_grow_backs": totals.live_grow_backs,
         "budget_limited": totals.budget_limited,
-        "job_wait_p50_s": round(percentile(totals.waits, 0.5), 1),
-        "job_wait_p95_s": round(percentile(totals.waits, 0.95), 1),
+        # Arrival to first start; a job never started counts with its wait up to the horizon.
+        "job_wait_p50_s": round(percentile(totals.waits + totals.waits_unstarted, 0.5), 1),
+        "job_wait_p95_s": round(percentile(totals.waits + totals.waits_unstarted, 0.95), 1),
+        "job_wait_p99_s": round(percentile(totals.waits + totals.waits_unstarted, 0.99), 1),
         "jobs_started": len(totals.waits),
+        "jobs_never_started": len(totals.waits_unstarted),
         "hbd_split_groups": totals.split_groups,
         "failure_restarts": totals.restarts,
         "group_restarts": totals.group_restarts,
@@ -96,6 +112,9 @@ def build(scenario: Scenario) -> tuple[list, Workload]:
         training_load_share=scenario.training_load_share,
         traces_dir=scenario.traces_dir,
         kinds=kinds,
+        live_share=scenario.live_share,
+        window_offset_days=scenario.window_offset_days,
+        bursts=scenario.bursts,
     )
     return fleet, workload
 
@@ -250,9 +269,14 @@ COLUMNS = (
     "shrinks",
     "grow_backs",
     "flaps",
+    "flaps_real",
+    "flaps_jobs",
+    "flaps_replicas",
     "budget_limited",
     "job_wait_p50_s",
     "job_wait_p95_s",
+    "job_wait_p99_s",
+    "jobs_never_started",
     "hbd_split_groups",
     "failure_restarts",
     "lost_gpu_hours_failures",

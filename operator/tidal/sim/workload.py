@@ -2,7 +2,14 @@
 
 - Inference: ServeGen language-model request rates per 10-minute window (three models). Each model
   is a pool whose replica has `tp` GPUs and serves `rps_per_replica`; rates are scaled by one
-  factor so that the busiest window needs `inference_peak_share` of the cluster.
+  factor so that the busiest window needs `inference_peak_share` of the cluster. Demand is kept
+  per minute (`MINUTE`): each pool's 10-minute mean times ten consecutive per-minute factors drawn
+  for that window from the Azure LLM inference trace 2023 (requests per minute over their
+  10-minute mean, both services together, every 10-minute span of the trace's 58 whole minutes:
+  coefficient of variation 0.35, bursts to 2.4x the window's mean). The draw is a block
+  bootstrap: the trace's own minute-to-minute shape, each window's mean kept exactly.
+- Trace windows: `window_offset_days` starts the ServeGen days (7, repeated) and the Helios days
+  (15, repeated) that many days later, so a run can be repeated on other weeks of both traces.
 - Training: job arrivals follow the Helios (Earth) >=8-GPU demand (running + pending GPUs) per
   10-minute window, scaled so that the offered training load averages `training_load_share` of
   the cluster; sizes come from TRAINING_MIX (workload_mix.py), capped to the group size the
@@ -29,6 +36,7 @@ from statistics import NormalDist
 from tidal.placement.workload_mix import TRAINING_MIX, JobShape, sample_shapes
 
 WINDOW = 600  # seconds: the traces' resolution
+MINUTE = 60  # seconds: the inference demand's resolution
 WARM_DAYS = 51  # > HELIOS_MAX_RUN_S: every job that could still run at day 0
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 SOFTWARE_CATEGORIES = {"Dependency", "Unknown"}
@@ -115,6 +123,8 @@ class TrainingArrival:
     preemptible: bool
     min_dp: int | None
     accelerator: str = "nvidia.com/gpu"
+    live_resize: bool = False
+    """spec.elastic.resize: Live (True) or Restart."""
 
 
 @dataclass(frozen=True)
@@ -129,39 +139,76 @@ class Failure:
 @dataclass
 class Workload:
     days: int
-    inference_replicas: dict[str, list[int]]  # pool -> desired replicas per window
+    inference_replicas: dict[str, list[int]]  # pool -> desired replicas per demand_step_s
     arrivals: list[TrainingArrival]
     failures: list[Failure]
     scale: dict[str, float] = field(default_factory=dict)
     pools: tuple[PoolModel, ...] = POOLS
+    demand_step_s: int = WINDOW
+    """Resolution of inference_replicas: MINUTE from build_workload, WINDOW in hand-built tests."""
+    _window_means: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     def desired_at(self, pool: str, t: float) -> int:
         series = self.inference_replicas[pool]
-        return series[min(int(t // WINDOW), len(series) - 1)]
+        return series[min(int(t // self.demand_step_s), len(series) - 1)]
+
+    def window_mean(self, pool: str, t: float) -> float:
+        """Mean desired replicas of the 10-minute window holding t (what a forecast learns from)."""
+        means = self._window_means.get(pool)
+        if means is None:
+            series = self.inference_replicas[pool]
+            per = max(WINDOW // self.demand_step_s, 1)
+            means = [sum(series[i : i + per]) / len(series[i : i + per]) for i in range(0, len(series), per)]
+            self._window_means[pool] = means
+        return means[min(max(int(t // WINDOW), 0), len(means) - 1)]
 
 
-def _servegen(days: int, traces_dir: Path | None) -> dict[str, list[float]]:
+def _cycle(series: list[float], start: int, count: int) -> list[float]:
+    """`count` values from `start` on, the series repeated as often as needed."""
+    return [series[(start + i) % len(series)] for i in range(count)]
+
+
+def _servegen(days: int, traces_dir: Path | None, offset_days: int = 0) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {p.name: [] for p in POOLS}  # by ServeGen model
     with trace_path("llm_rate_servegen_language_10min_day0-6.csv", traces_dir).open() as f:
         for row in csv.DictReader(f):
-            if row["model"] in rates and int(row["day"]) < days:
+            if row["model"] in rates:
                 rates[row["model"]].append(float(row["mean_rps"]))
-    for name, series in rates.items():  # traces span 7 days: repeat for longer runs
-        base = list(series)
-        while len(series) < days * 144:
-            series.extend(base[: days * 144 - len(series)])
-        rates[name] = series[: days * 144]
-    return rates
+    # The traces span 7 days: repeated for longer runs, started `offset_days` in.
+    return {name: _cycle(series, offset_days * 144, days * 144) for name, series in rates.items()}
 
 
-def _helios(days: int, traces_dir: Path | None) -> list[float]:
+def _helios(days: int, traces_dir: Path | None, offset_days: int = 0) -> list[float]:
     demand = []
     with trace_path("training_demand_helios_earth16vc_10min_2020-05-01_15.csv", traces_dir).open() as f:
         for row in csv.DictReader(f):
             demand.append(float(row["running_gpu_num_noless_8"]) + float(row["pending_gpu_num_noless_8"]))
-    while len(demand) < days * 144:
-        demand.extend(demand[: days * 144 - len(demand)])
-    return demand[: days * 144]
+    return _cycle(demand, offset_days * 144, days * 144)
+
+
+def burst_blocks(traces_dir: Path | None = None) -> list[list[float]]:
+    """Every span of ten whole minutes of the Azure 2023 trace (both services), as factors over
+    the span's mean: the shapes a 10-minute window's demand takes minute by minute. The trace's
+    first and last minutes are cut short by its hour's edges and left out."""
+    name = "llm_requests_azure2023_per_minute.csv"
+    path = traces_dir / name if traces_dir is not None and (traces_dir / name).exists() else trace_path(name)
+    with path.open() as f:
+        counts = [int(r["code"]) + int(r["conv"]) for r in csv.DictReader(f)][1:-1]
+    per = WINDOW // MINUTE
+    blocks = []
+    for start in range(len(counts) - per + 1):
+        span = counts[start : start + per]
+        mean = sum(span) / per
+        blocks.append([c / mean for c in span])
+    return blocks
+
+
+def per_minute(window_rates: list[float], blocks: list[list[float]], rng: random.Random) -> list[float]:
+    """Each window's rate spread over its minutes by one randomly drawn block (mean kept)."""
+    out: list[float] = []
+    for rate in window_rates:
+        out.extend(rate * f for f in rng.choice(blocks))
+    return out
 
 
 def _failure_causes(traces_dir: Path | None) -> list[tuple[str, str, int]]:
@@ -200,12 +247,19 @@ def build_workload(
     training_load_share: float = 1.0,
     traces_dir: Path | None = None,
     kinds: dict[str, int] | None = None,
+    live_share: float = 0.0,
+    window_offset_days: int = 0,
+    bursts: bool = True,
 ) -> Workload:
-    """`kinds`: GPUs per domain type (default: all NVL72)."""
+    """`kinds`: GPUs per domain type (default: all NVL72). `live_share`: the share of elastic
+    jobs that resize Live (drawn from a stream of its own, so the arrivals do not depend on it).
+    `bursts` False keeps each window's mean for its ten minutes (the old, smoothed demand)."""
     rng = random.Random(seed)
     kinds = kinds or {"nvl72": cluster_gpus}
     pools = pools_for(kinds)
-    rates = _servegen(days, traces_dir)
+    rates = _servegen(days, traces_dir, window_offset_days)
+    blocks = burst_blocks(traces_dir) if bursts else [[1.0] * (WINDOW // MINUTE)]
+    burst_rng = random.Random(seed * 104_729 + 17)
     # One scale factor for all models keeps their mix; the busiest window needs the peak share
     # of each domain type's GPUs.
     replicas: dict[str, list[int]] = {}
@@ -216,9 +270,10 @@ def build_workload(
         k = inference_peak_share * gpus / peak
         scale[f"inference_rate_scale_{kind}"] = k
         for p in mine:
-            replicas[p.name] = [math.ceil(r * k / p.rps_per_replica) for r in rates[p.trace_model]]
+            minutes = per_minute(rates[p.trace_model], blocks, burst_rng)
+            replicas[p.name] = [math.ceil(r * k / p.rps_per_replica - 1e-9) for r in minutes]
 
-    demand = _helios(days, traces_dir)
+    demand = _helios(days, traces_dir, window_offset_days)
     mean_demand = sum(demand) / len(demand)
     arrivals: list[TrainingArrival] = []
     for kind, gpus in kinds.items():
@@ -255,7 +310,11 @@ def build_workload(
                 if at + duration > 0:
                     arrivals.append(arrival)
     arrivals.sort(key=lambda a: (a.at, a.shape.gpus))
-    arrivals = [replace(a, job_id=i) for i, a in enumerate(arrivals)]
+    live_rng = random.Random(seed * 15_485_863 + 3)
+    arrivals = [
+        replace(a, job_id=i, live_resize=a.min_dp is not None and live_rng.random() < live_share)
+        for i, a in enumerate(arrivals)
+    ]
 
     causes = _failure_causes(traces_dir)
     per_gpu_second = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 86400 * LLAMA3_GPUS)
@@ -268,7 +327,7 @@ def build_workload(
         component, category, _ = rng.choices(causes, weights=[n for _, _, n in causes])[0]
         down = 1800.0 if category in SOFTWARE_CATEGORIES else 4 * 3600.0
         failures.append(Failure(t, rng.randrange(nodes), component, category, down))
-    return Workload(days, replicas, arrivals, failures, scale, pools)
+    return Workload(days, replicas, arrivals, failures, scale, pools, demand_step_s=MINUTE)
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
