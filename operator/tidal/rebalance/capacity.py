@@ -55,7 +55,8 @@ def plan_capacity(
     (`resize_cost`): when the plan shrinks a Restart job (which stalls every GPU of it for a save
     and a reload), the same search is made again with Restart jobs only suspended whole, and the
     cheaper plan of the two wins if it makes room for as many replicas and suspends no job of a
-    higher priority than the first plan suspends.
+    higher priority than the first plan suspends (or, if it only shrinks, than the lowest
+    priority it shrinks).
     """
     direct = plan_gang(snapshot, request)
     if isinstance(direct, PlacementPlan):
@@ -76,7 +77,7 @@ def plan_capacity(
     other = _best_plan(snapshot, request, whole_only, budget_gpus, direct.groups_fitting_now, free_only)
     if (
         other.replicas >= plan.replicas
-        and _suspended_tier(other, eligible) <= _suspended_tier(plan, eligible)
+        and _suspended_tier(other, eligible) <= _tier_allowed(plan, eligible)
         and plan_cost(other, eligible, costs) < plan_cost(plan, eligible, costs)
     ):
         return replace(other, reason=f"{other.reason} (cheaper than shrinking Restart jobs)")
@@ -88,9 +89,19 @@ def _restart_shrink(eviction: Eviction, gangs: list[RunningGang]) -> bool:
 
 
 def _suspended_tier(plan: CapacityPlan, gangs: list[RunningGang]) -> int:
-    """The highest priority the plan suspends whole: a cheaper plan may not suspend higher."""
+    """The highest priority the plan suspends whole (-inf: none)."""
     by_name = {g.name: g.priority for g in gangs}
     return max((by_name[e.gang] for e in plan.evictions if e.whole), default=-(2**31))
+
+
+def _tier_allowed(plan: CapacityPlan, gangs: list[RunningGang]) -> int:
+    """The highest priority a cheaper plan may suspend in this plan's stead: what this one
+    suspends, or if it only shrinks, the lowest priority it shrinks (a suspension then replaces
+    a shrink of the same or a higher priority, never the other way round)."""
+    if any(e.whole for e in plan.evictions):
+        return _suspended_tier(plan, gangs)
+    by_name = {g.name: g.priority for g in gangs}
+    return min(by_name[e.gang] for e in plan.evictions)
 
 
 def plan_cost(plan: CapacityPlan, gangs: list[RunningGang], costs: ResizeCosts) -> float:

@@ -1,0 +1,77 @@
+"""The resize cost model (tidal.rebalance.resize_cost) and plan_capacity weighing it: a Restart
+shrink stalls the whole job, a Live one only its survivors' rebuild, a suspension the whole job's
+save and reload; the planner takes the cheaper way, never suspending a higher priority for it."""
+
+from dataclasses import replace
+
+from tidal.placement import GangRequest
+from tidal.rebalance import plan_capacity
+from tidal.rebalance.resize_cost import ResizeCosts, ResizeKind
+
+from .test_rebalance import place, racks
+
+COSTS = ResizeCosts()
+
+
+def test_a_live_shrink_costs_the_survivors_rebuild_and_a_restart_shrink_the_whole_jobs_save_and_reload():
+    live = COSTS.shrink_gpu_s(ResizeKind.LIVE, gpus=1024, leaving=64, model_gpus=64)
+    restart = COSTS.shrink_gpu_s(ResizeKind.RESTART, gpus=1024, leaving=64, model_gpus=64)
+    assert live == 960 * COSTS.rebuild_s
+    assert restart == 1024 * COSTS.save_seconds(64, 1024) + 960 * COSTS.restore_seconds(64, 960)
+    assert restart > 5 * live
+
+
+def test_a_live_grow_holds_the_new_gpus_through_start_and_transfer_and_stalls_everyone_once():
+    grow = COSTS.grow_gpu_s(ResizeKind.LIVE, gpus=960, added=64, model_gpus=64)
+    assert grow == 64 * (COSTS.restart_s + COSTS.transfer_seconds(64)) + 1024 * COSTS.rebuild_s
+    assert COSTS.transfer_seconds(64) == 14 * 2e9 / 40e9  # one GPU's shard over one NIC
+    assert grow < COSTS.grow_gpu_s(ResizeKind.RESTART, gpus=960, added=64, model_gpus=64)
+
+
+def test_the_forecast_lead_is_the_time_room_takes():
+    lead = COSTS.room_lead_s(decision_period_s=60, cold_start_s=180)
+    assert lead == COSTS.save_seconds(1, 1) + 60 + 180  # the slowest write: one replica's own GPUs
+    assert 500 < lead < 700
+
+
+def big_and_small(big_resize: str = "Restart", small_priority: int = 0):
+    """Five 16-GPU racks, full: an elastic 64-GPU job (four 16-GPU replicas, down to one) and a
+    16-GPU rigid job. A pool wants one 16-GPU replica."""
+    snap = racks(5)
+    big = place(snap, "big", 4, priority=0, min_replicas=1)
+    small = place(snap, "small", 1, priority=small_priority)
+    return snap, [replace(big, resize=big_resize), small]
+
+
+def evictions(plan):
+    return [(e.gang, e.whole) for e in plan.evictions]
+
+
+def test_without_costs_the_shrink_stage_comes_first():
+    snap, gangs = big_and_small()
+    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), gangs, None)
+    assert evictions(plan) == [("big", False)]
+
+
+def test_a_restart_shrink_dearer_than_a_suspension_gives_way_to_it():
+    snap, gangs = big_and_small()
+    shrink = COSTS.shrink_gpu_s(ResizeKind.RESTART, 64, 16, 16)
+    suspend = COSTS.suspend_gpu_s(16, 16)
+    assert suspend < shrink
+    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), gangs, None, COSTS)
+    assert evictions(plan) == [("small", True)]
+    assert "cheaper than shrinking Restart jobs" in plan.reason
+    within_budget = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), gangs, 16, COSTS)
+    assert evictions(within_budget) == [("small", True)]
+
+
+def test_a_live_shrink_stays_the_cheapest_way():
+    snap, gangs = big_and_small(big_resize="Live")
+    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), gangs, None, COSTS)
+    assert evictions(plan) == [("big", False)]
+
+
+def test_a_cheaper_plan_never_suspends_a_higher_priority_than_the_first_one():
+    snap, gangs = big_and_small(small_priority=5)
+    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), gangs, None, COSTS)
+    assert evictions(plan) == [("big", False)]
