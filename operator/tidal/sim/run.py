@@ -141,7 +141,16 @@ def run_policy(scenario: Scenario, name: str, fleet: list, workload: Workload, c
 
 # Longest first, so two processes finish together: the autoscaled policies re-plan capacity
 # every tick, the static ones only place training.
-_COST_ORDER = ("tidal", "tidal-reactive", "autoscale-preempt", "static-split", "topology-only", "first-fit")
+_COST_ORDER = (
+    "tidal",
+    "tidal-burst",
+    "tidal-whole",
+    "tidal-reactive",
+    "autoscale-preempt",
+    "static-split",
+    "topology-only",
+    "first-fit",
+)
 
 
 @lru_cache(maxsize=4)

@@ -1,0 +1,258 @@
+"""The simulator's demand model and what it charges, as the tide issue asks: demand per minute
+with the trace's bursts, every policy seeing only the past; flaps counted from the eviction's
+decision; Live and Restart resizes charged by kind; waits counting jobs never started; tidal's
+whole-first admission and its grow-back that must pay."""
+
+import ast
+import dataclasses
+import inspect
+import random
+import statistics
+
+import pytest
+
+from tidal.placement import GangRequest, plan_gang
+from tidal.placement.workload_mix import JobShape
+from tidal.sim import policies
+from tidal.sim.engine import FLAP_WINDOW_S, Costs, Job, Simulation
+from tidal.sim.policies import AutoscalePreemptGraceful, Tidal
+from tidal.sim.run import snapshot_for, summarize
+from tidal.sim.workload import (
+    MINUTE,
+    WINDOW,
+    TrainingArrival,
+    Workload,
+    build_workload,
+    burst_blocks,
+    per_minute,
+)
+from tidal.topology import build_fleet
+
+from .test_sim import hand_sim, started, until
+
+EMPTY = {"m-large": [0] * 144, "m-mid": [0] * 144, "m-small": [0] * 144}
+
+
+def live(job: Job) -> Job:
+    job.arrival = dataclasses.replace(job.arrival, live_resize=True)
+    return job
+
+
+# -- demand as it arrives ---------------------------------------------------------------------
+def test_the_bursts_come_from_the_trace_and_keep_each_windows_mean():
+    blocks = burst_blocks()
+    assert len(blocks) == 49  # every 10-minute span of the trace's 58 whole minutes
+    factors = [f for b in blocks for f in b]
+    assert statistics.fmean(factors) == pytest.approx(1.0)
+    assert 0.25 < statistics.pstdev(factors) < 0.45, "the Azure trace's minute-to-window variation"
+    minutes = per_minute([10.0, 40.0], blocks, random.Random(1))
+    assert len(minutes) == 2 * WINDOW // MINUTE
+    assert statistics.fmean(minutes[:10]) == pytest.approx(10.0)
+    assert statistics.fmean(minutes[10:]) == pytest.approx(40.0)
+    assert max(minutes[10:]) > 45, "a burst above the window's mean"
+
+
+def test_the_workload_is_per_minute_and_bursts_can_be_turned_off():
+    bursty = build_workload(cluster_gpus=2880, nodes=160, days=1, seed=3)
+    smooth = build_workload(cluster_gpus=2880, nodes=160, days=1, seed=3, bursts=False)
+    assert bursty.demand_step_s == MINUTE and len(bursty.inference_replicas["m-small"]) == 1440
+    series = smooth.inference_replicas["m-small"]
+    assert all(len(set(series[w * 10 : w * 10 + 10])) == 1 for w in range(144)), "one value per window"
+    assert bursty.inference_replicas != smooth.inference_replicas
+    assert bursty.arrivals == smooth.arrivals, "the bursts do not move the training arrivals"
+
+
+def test_a_policy_sees_only_the_last_minute():
+    sim = hand_sim(pools={"m-large": [1] * 5 + [9] + [1] * 1434, "m-mid": [0] * 1440, "m-small": [0] * 1440})
+    sim.workload.demand_step_s = MINUTE
+    pool = sim.pools["m-large"]
+    sim.now = 5 * 60  # the spike's minute has begun: the autoscaler has not seen it
+    assert sim.demand(pool) == 9 and sim.observed(pool) == 1
+    sim.now = 6 * 60
+    assert sim.observed(pool) == 9
+
+
+def test_no_policy_reads_the_present_demand():
+    """Policies read `observed` (the past); `Simulation.demand` is the accounting's alone."""
+    tree = ast.parse(inspect.getsource(policies))
+    reads = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr == "demand" and isinstance(n.value, ast.Name) and n.value.id == "sim"
+    ]
+    assert reads == []
+    # The check itself catches a read.
+    bad = ast.parse("def f(sim, pool):\n    return sim.demand(pool)\n")
+    assert any(isinstance(n, ast.Attribute) and n.attr == "demand" for n in ast.walk(bad))
+
+
+def test_the_trace_window_moves_both_traces():
+    base = build_workload(cluster_gpus=2880, nodes=160, days=3, seed=3, bursts=False)
+    later = build_workload(cluster_gpus=2880, nodes=160, days=3, seed=3, bursts=False, window_offset_days=2)
+    # ServeGen's day 2 of the first run is day 0 of the later one (the scale is per run, so compare shapes).
+    a = base.inference_replicas["m-small"][2 * 1440 : 3 * 1440]
+    b = later.inference_replicas["m-small"][:1440]
+    assert a.index(max(a)) == b.index(max(b))
+    assert [x.at for x in base.arrivals] != [x.at for x in later.arrivals]
+
+
+def test_the_live_share_changes_only_how_elastic_jobs_resize():
+    none = build_workload(cluster_gpus=2880, nodes=160, days=1, seed=3)
+    half = build_workload(cluster_gpus=2880, nodes=160, days=1, seed=3, live_share=0.5)
+    every = build_workload(cluster_gpus=2880, nodes=160, days=1, seed=3, live_share=1.0)
+
+    def rigid(w):
+        return [dataclasses.replace(a, live_resize=False) for a in w.arrivals]
+
+    assert rigid(none) == rigid(half) == rigid(every)
+    elastic = [a for a in every.arrivals if a.min_dp]
+    assert elastic and all(a.live_resize for a in elastic)
+    assert not any(a.live_resize for a in none.arrivals) and not any(
+        a.live_resize for a in every.arrivals if not a.min_dp
+    )
+    share = sum(a.live_resize for a in half.arrivals) / len(elastic)
+    assert 0.3 < share < 0.7
+
+
+# -- flaps by their definition ---------------------------------------------------------------
+@pytest.mark.parametrize(("back_after", "real"), [(FLAP_WINDOW_S, 0), (FLAP_WINDOW_S - 1, 1)])
+def test_a_flap_is_counted_from_the_evictions_decision(back_after, real):
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = started(sim)
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1,))  # decided at 1000, saved some minutes later
+    until(sim, 1000 + back_after)
+    sim.grow(job, plan_gang(sim.snapshot, GangRequest(job.id, 1, 8, 4, group_ids=(1,))), 2)
+    assert sim.totals.flaps_jobs == real
+    assert sim.totals.flaps == 1, "the old count, from the save, called both a flap"
+
+
+def test_an_inference_replica_added_and_removed_within_the_hour_is_a_flap():
+    sim = hand_sim(Costs())
+    pool = sim.pools["m-large"]
+    policies.Policy.place_free(sim, pool, 2)
+    until(sim, FLAP_WINDOW_S - 1)
+    sim.remove_replicas(pool, 1)
+    until(sim, FLAP_WINDOW_S + 1)
+    sim.remove_replicas(pool, 0)
+    assert sim.totals.flaps_replicas == 1
+
+
+# -- resizes charged by kind -------------------------------------------------------------------
+def test_a_live_shrink_writes_nothing_frees_the_gpus_at_once_and_stalls_the_survivors_for_a_rebuild():
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = live(started(sim))
+    until(sim, 1000)
+    free = sim.snapshot.free_gpus()
+    sim.request_checkpoint(job, (1,))
+    assert job.state == "restoring", "no checkpoint is written"
+    assert sim.snapshot.free_gpus() == free + 8 and job.dp == 1
+    assert sim.totals.live_shrinks == 1 and sim.totals.lost_preemption_gpu_s == 0
+    until(sim, 1000 + costs.rebuild_s + 1)
+    assert job.state == "running"
+
+
+def test_a_restart_shrink_still_saves_first():
+    sim = hand_sim(Costs())
+    job = started(sim)
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1,))
+    assert job.state == "checkpointing" and job.gpus_held == 16
+
+
+def test_a_live_grow_trains_on_while_the_new_replica_joins_then_rebuilds_once():
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = live(started(sim))
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1,))
+    until(sim, 2000)
+    rate = job.rate
+    sim.grow(job, plan_gang(sim.snapshot, GangRequest(job.id, 1, 8, 4, group_ids=(1,))), 2)
+    assert job.state == "running" and job.gpus_held == 16 and job.joining_gpus == 8
+    assert job.rate == pytest.approx(rate, rel=0.01), "the survivors train on at their rate"
+    join = costs.restart_s + costs.transfer_seconds(job.model_gpus)
+    until(sim, 2000 + join - 1)
+    stalled = sim.totals.stalled_gpu_s
+    until(sim, 2000 + join + 1)
+    assert job.state == "restoring" and job.joining_gpus == 0
+    assert sim.totals.stalled_gpu_s > stalled
+    until(sim, 2000 + join + costs.rebuild_s + 2)
+    assert job.state == "running" and job.rate == pytest.approx(2 * rate, rel=0.01)
+    assert sim.totals.live_grow_backs == 1
+
+
+def test_a_live_jobs_suspension_is_checkpoint_first():
+    sim = hand_sim(Costs())
+    job = live(started(sim))
+    until(sim, 1000)
+    sim.request_checkpoint(job, ())
+    assert job.state == "checkpointing"
+
+
+# -- waits --------------------------------------------------------------------------------------
+def test_a_job_never_started_counts_its_wait_up_to_the_horizon():
+    sim = hand_sim(Costs())
+    too_big = TrainingArrival(0, 3600.0, JobShape(8, 1, 1, 100, 4, 1), 1e6, 0, True, None)
+    sim.workload.arrivals.append(too_big)
+    totals = sim.run()
+    assert totals.waits_unstarted == [sim.end - 3600.0]
+    summary = summarize(totals, sim.total_gpus, sim.end)
+    assert summary["jobs_never_started"] == 1 and summary["job_wait_p99_s"] == sim.end - 3600.0
+
+
+# -- tidal's admission and grow-back -------------------------------------------------------------
+def queue_of_two(policy):
+    """Room for 16 GPUs; queued: an older elastic job of 32 GPUs (down to 8) and a rigid 16-GPU job."""
+    sim = Simulation(
+        snapshot_for(build_fleet("nvl72", 1), 0),
+        Workload(1, dict(EMPTY), [], []),
+        policy,
+    )
+    filler = started(sim, JobShape(8, 1, 1, 7, 4, 1), job_id=9)  # 56 of 72 GPUs
+    jobs = []
+    for i, (shape, min_dp) in enumerate([(JobShape(8, 1, 1, 4, 4, 1), 1), (JobShape(8, 1, 1, 2, 4, 1), None)]):
+        job = Job(TrainingArrival(i, float(i), shape, 1e6, 0, True, min_dp), dp=shape.dp, remaining=1e9)
+        sim.jobs[job.id] = job
+        sim.queue.append(job)
+        jobs.append(job)
+    assert sim.snapshot.free_gpus() == 16 and filler.gpus_held == 56
+    return sim, jobs
+
+
+def test_tidal_starts_whole_jobs_before_smaller_elastic_starts():
+    sim, (elastic, rigid) = queue_of_two(Tidal())
+    sim.policy.admit(sim)
+    assert rigid.state == "restoring" and elastic.state == "queued"
+    # Kueue-style partial admission (the graceful baseline) starts the older job smaller instead.
+    sim, (elastic, rigid) = queue_of_two(AutoscalePreemptGraceful())
+    sim.policy.admit(sim)
+    assert elastic.state == "restoring" and elastic.dp == 2 and rigid.state == "queued"
+
+
+def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made():
+    costs = Costs()
+    sim = hand_sim(costs)
+    policy = Tidal(budget_share=None, grow_cooldown_s=0)
+    sim.policy = policy
+    job = started(sim, JobShape(8, 1, 1, 4, 4, 1), min_dp=1)
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1, 2, 3))
+    until(sim, 2000)
+    assert job.dp == 1 and job.state == "running"
+    job.remaining = job.rate * 60  # a minute of work left: three replicas more cannot pay for a restart
+    assert not policy.grow_pays(sim, job, 24, 24)
+    assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 0 and job.dp == 1
+    job.remaining = 1e9
+    assert policy.grow_pays(sim, job, 24, 24)
+    assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 24 and job.dp == 4
+
+
+def test_the_forecast_lead_is_the_time_making_room_takes():
+    sim = hand_sim(Costs())
+    lead = Tidal().lead_s(sim)
+    assert lead == sim.costs.room_lead_s(60, sim.costs.cold_start_s)
+    assert lead < 900, "not an hour"
+    assert policies.TidalReactive().lead_s(sim) == 0
