@@ -39,6 +39,16 @@ LEDGER = "k8s/disruption_ledger.py"
 OUTAGE = "k8s/outage.py"
 MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
+CAPACITY = "rebalance/capacity.py"
+RESIZE_COST = "rebalance/resize_cost.py"
+ENGINE = "sim/engine.py"
+SIM_POLICIES = "sim/policies.py"
+COST_TESTS = "tests/unit/test_resize_cost.py::"
+TIDE = "tests/unit/test_sim_tide.py::"
+SIM_CONSERVED = (
+    "tests/unit/test_sim.py::test_gpus_and_jobs_conserved_at_every_event[tidal]",
+    TIDE + "test_gpus_and_jobs_conserved_with_live_resizes[tidal]",
+)
 QUALITY = "tests/unit/test_placement_quality.py::"
 PLACEMENT = "tests/unit/test_placement.py::"
 PREEMPT = "tests/unit/test_preemption.py::"
@@ -92,6 +102,15 @@ SAFETY = {
         GRACE + "test_a_preemption_whose_preemptor_still_waits_goes_ahead",
         GRACE + "test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_the_cycle",
     ),
+    # The planner still makes room within the budget, and prefers a cheap Live shrink.
+    CAPACITY: (
+        REBALANCE + "test_disruption_budget_limits_what_is_taken",
+        COST_TESTS + "test_a_live_shrink_stays_the_cheapest_way",
+    ),
+    RESIZE_COST: (COST_TESTS + "test_without_costs_the_shrink_stage_comes_first",),
+    # The simulator still conserves GPUs and jobs at every event, Live resizes included.
+    ENGINE: SIM_CONSERVED,
+    SIM_POLICIES: SIM_CONSERVED,
 }
 """The module's property tests of the safety invariants: a mutant must still pass them, so that it
 makes plans that are valid but worse (the rule removed), not plans that are broken."""
@@ -737,6 +756,99 @@ MUTANTS = [
         "        if not any(t.tolerates(taint) for t in own):\n",
         "        if True:\n",
         LOST_NODE_TOLERATION,
+    ),
+    # the tide: resize costs, flaps, demand as observed, tidal's admission and grow-back
+    Mutant(
+        "a Restart shrink dearer than a suspension gives way to it",
+        CAPACITY,
+        "    if costs is None or not any(_restart_shrink(e, eligible) for e in plan.evictions):",
+        "    if True:",
+        COST_TESTS + "test_a_restart_shrink_dearer_than_a_suspension_gives_way_to_it",
+    ),
+    Mutant(
+        "a cheaper plan suspends no higher priority",
+        CAPACITY,
+        "        and _suspended_tier(other, eligible) <= _tier_allowed(plan, eligible)\n",
+        "        and True\n",
+        COST_TESTS + "test_a_cheaper_plan_never_suspends_a_higher_priority_than_the_first_one",
+    ),
+    Mutant(
+        "a Live shrink stalls only the survivors' rebuild",
+        RESIZE_COST,
+        "            return staying * self.rebuild_s",
+        "            return staying * self.restore_seconds(model_gpus, staying)",
+        COST_TESTS
+        + "test_a_live_shrink_costs_the_survivors_rebuild_and_a_restart_shrink_the_whole_jobs_save_and_reload",
+    ),
+    Mutant(
+        "a flap counts from the eviction's decision",
+        ENGINE,
+        "        if job.down_decided_at is not None and self.now - job.down_decided_at < FLAP_WINDOW_S:",
+        "        if job.down_at is not None and self.now - job.down_at < FLAP_WINDOW_S:",
+        TIDE + "test_a_flap_is_counted_from_the_evictions_decision[3600.0-0]",
+    ),
+    Mutant(
+        "a replica added and removed within the hour is a flap",
+        ENGINE,
+        "            if self.now - replicas[i].added_at < FLAP_WINDOW_S:",
+        "            if False:",
+        TIDE + "test_an_inference_replica_added_and_removed_within_the_hour_is_a_flap",
+    ),
+    Mutant(
+        "a Live shrink writes no checkpoint",
+        ENGINE,
+        '        if replicas and len(replicas) < job.dp and job.resize == ResizeKind.LIVE and job.state == "running":',
+        "        if False:",
+        TIDE + "test_a_live_shrink_writes_nothing_frees_the_gpus_at_once_and_stalls_the_survivors_for_a_rebuild",
+    ),
+    Mutant(
+        "a Live grow-back trains on while the new replicas join",
+        ENGINE,
+        '        if job.resize == ResizeKind.LIVE and job.state == "running":\n            self.totals.live_grow_backs',
+        "        if False:\n            self.totals.live_grow_backs",
+        TIDE + "test_a_live_grow_trains_on_while_the_new_replica_joins_then_rebuilds_once",
+    ),
+    Mutant(
+        "a policy sees only the last minute",
+        ENGINE,
+        "        start = max(self.now - METRIC_WINDOW_S, 0.0)",
+        "        start = self.now",
+        TIDE + "test_a_policy_sees_only_the_last_minute",
+    ),
+    Mutant(
+        "a job never started counts its wait to the horizon",
+        ENGINE,
+        "if j.first_start is None and j.arrival.at < self.end",
+        "if False",
+        TIDE + "test_a_job_never_started_counts_its_wait_up_to_the_horizon",
+    ),
+    Mutant(
+        "tidal starts whole jobs before smaller elastic starts",
+        SIM_POLICIES,
+        "        self.admit_pass(sim, partial=False)\n        self.admit_pass(sim, partial=True)",
+        "        self.admit_pass(sim, partial=True)",
+        TIDE + "test_tidal_starts_whole_jobs_before_smaller_elastic_starts",
+    ),
+    Mutant(
+        "a grow-back must pay for its stall",
+        SIM_POLICIES,
+        "        if missing > 0 and not self.grow_pays(sim, job, missing * replica_gpus, room):",
+        "        if False:",
+        TIDE + "test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made",
+    ),
+    Mutant(
+        "the forecast looks as far ahead as making room takes",
+        SIM_POLICIES,
+        "        return sim.costs.room_lead_s(SYNC_S, sim.costs.cold_start_s)",
+        "        return 3600.0",
+        TIDE + "test_the_forecast_lead_is_the_time_making_room_takes",
+    ),
+    Mutant(
+        "tidal-burst keeps warm replicas ahead of observed bursts",
+        SIM_POLICIES,
+        "            desired = max(desired, self.bursts.ahead(pool.name, self.burst_quantile))",
+        "            pass",
+        TIDE + "test_tidal_burst_keeps_warm_replicas_ahead_of_the_bursts_it_has_seen",
     ),
 ]
 

@@ -72,6 +72,12 @@ def test_a_live_shrink_stays_the_cheapest_way():
 
 
 def test_a_cheaper_plan_never_suspends_a_higher_priority_than_the_first_one():
-    snap, gangs = big_and_small(small_priority=5)
-    plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), gangs, None, COSTS)
-    assert evictions(plan) == [("big", False)]
+    """A (priority 0) shrinks by one of two replicas and B (priority 5) by three of four: suspending
+    A whole is not enough, and suspending B whole would be cheaper, but B outranks A."""
+    snap = racks(6)
+    a = place(snap, "a", 2, priority=0, min_replicas=1)
+    b = place(snap, "b", 4, priority=5, min_replicas=1)
+    shrinks = COSTS.shrink_gpu_s(ResizeKind.RESTART, 32, 16, 16) + COSTS.shrink_gpu_s(ResizeKind.RESTART, 64, 48, 16)
+    assert COSTS.suspend_gpu_s(64, 16) < shrinks, "the suspension of B is the cheaper way"
+    plan = plan_capacity(snap, GangRequest("pool", 4, 16, 4, priority=1000), [a, b], None, COSTS)
+    assert evictions(plan) == [("a", False), ("b", False)]

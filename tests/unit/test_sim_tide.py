@@ -15,7 +15,7 @@ from tidal.placement import GangRequest, plan_gang
 from tidal.placement.workload_mix import JobShape
 from tidal.sim import policies
 from tidal.sim.engine import FLAP_WINDOW_S, Costs, Job, Simulation
-from tidal.sim.policies import AutoscalePreemptGraceful, Tidal
+from tidal.sim.policies import AutoscalePreemptGraceful, BurstHistory, Tidal, TidalBurst, TidalWhole
 from tidal.sim.run import snapshot_for, summarize
 from tidal.sim.workload import (
     MINUTE,
@@ -256,3 +256,54 @@ def test_the_forecast_lead_is_the_time_making_room_takes():
     assert lead == sim.costs.room_lead_s(60, sim.costs.cold_start_s)
     assert lead < 900, "not an hour"
     assert policies.TidalReactive().lead_s(sim) == 0
+
+
+# -- the two settings beside tidal --------------------------------------------------------------
+def test_burst_history_keeps_only_what_was_observed_and_sizes_for_its_quantile():
+    history = BurstHistory()
+    for minute in range(120):
+        history.observe("p", 20 if minute % 10 == 9 else 10)  # a 2x burst every tenth minute
+    assert history.ahead("p", 0.5) == 10 and history.ahead("p", 0.95) >= 19
+    fresh = BurstHistory()
+    for _ in range(30):
+        fresh.observe("p", 10)
+    assert fresh.ahead("p", 0.95) == 0, "nothing before an hour has been observed"
+
+
+def test_tidal_burst_keeps_warm_replicas_ahead_of_the_bursts_it_has_seen():
+    sim = hand_sim(pools={"m-large": ([10] * 4 + [20]) * 576, "m-mid": [0] * 2880, "m-small": [0] * 2880})
+    sim.workload.demand_step_s = MINUTE
+    pool = sim.pools["m-large"]
+    plain, burst = Tidal(), TidalBurst()
+    for minute in range(1, 200):
+        sim.now = minute * 60.0
+        for policy in (plain, burst):
+            policy.bursts.observe(pool.name, sim.observed(pool))
+    sim.now = 201 * 60.0  # the minute after a burst: a plain autoscaler wants what it saw
+    assert sim.observed(pool) == 10
+    assert plain.target(sim, pool) == 10
+    assert burst.target(sim, pool) >= 20, "warm for the next burst, from what it observed"
+
+
+def test_tidal_whole_starts_no_job_smaller():
+    sim, (elastic, rigid) = queue_of_two(TidalWhole())
+    sim.policy.admit(sim)
+    assert rigid.state == "restoring" and elastic.state == "queued"
+    sim._release_groups(rigid, rigid.groups)  # it ends: its 16 GPUs are free again
+    rigid.groups, rigid.state = [], "done"
+    sim.active.pop(rigid.id)
+    sim.policy.admit(sim)
+    assert elastic.state == "queued", "tidal would start it at dp 2 in its second pass"
+    sim.policy = Tidal()
+    sim.policy.admit(sim)
+    assert elastic.state == "restoring" and elastic.dp < elastic.shape.dp
+
+
+@pytest.mark.parametrize("policy", ["tidal", "tidal-burst", "tidal-whole"])
+def test_gpus_and_jobs_conserved_with_live_resizes(policy):
+    workload = build_workload(cluster_gpus=2880, nodes=720, days=1, seed=5, live_share=1.0)
+    sim = Simulation(
+        snapshot_for(build_fleet("nvl72", 40), 0), workload, policies.POLICIES[policy](), check_every_event=True
+    )
+    totals = sim.run()
+    assert totals.useful_work > 0 and totals.live_shrinks + totals.live_grow_backs > 0
