@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 from tidal.sim.policies import DEFAULT_POLICIES, POLICIES
@@ -72,7 +73,45 @@ def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
         "goodput_ratio_tidal_vs_autoscale_preempt": agg["goodput_ratio_tidal_vs_autoscale_preempt"],
         "goodput_ratio_tidal_vs_autoscale_preempt_graceful": agg["goodput_ratio_tidal_vs_autoscale_preempt_graceful"],
         "per_seed_lead": [r["lead_vs_autoscale_preempt"] for r in runs],
+        "ceiling": ceiling(runs),
         "_agg": agg,
+    }
+
+
+def ceiling(runs: list[dict]) -> dict | None:
+    """What training goodput could be at most, per seed: the cluster's GPU-hours less the inference
+    demand (`cluster_less_demand`), and that less what the baseline pays whatever the policy
+    (failures' lost work, periodic checkpoints, cold starts: `realistic`); each policy's goodput
+    as a share of both (mean over seeds)."""
+    if any("autoscale-preempt" not in r["policies"] for r in runs):
+        return None
+    bounds = []
+    for r in runs:
+        base = r["policies"]["autoscale-preempt"]
+        whole = r["gpus"] * r["days"] * 24 - base["inference_demanded_gpu_hours"]
+        paid = base["lost_gpu_hours_failures"] + base["training_overhead_gpu_hours"] + base["cold_start_gpu_hours"]
+        bounds.append((whole, whole - paid))
+    shares = {
+        name: {
+            "of_cluster_less_demand": round(
+                statistics.fmean(
+                    r["policies"][name]["goodput_gpu_hours"] / b[0] for r, b in zip(runs, bounds, strict=True)
+                ),
+                4,
+            ),
+            "of_realistic": round(
+                statistics.fmean(
+                    r["policies"][name]["goodput_gpu_hours"] / b[1] for r, b in zip(runs, bounds, strict=True)
+                ),
+                4,
+            ),
+        }
+        for name in runs[0]["policies"]
+    }
+    return {
+        "cluster_less_demand_gpu_hours": round(statistics.fmean(b[0] for b in bounds), 1),
+        "realistic_gpu_hours": round(statistics.fmean(b[1] for b in bounds), 1),
+        "shares": shares,
     }
 
 

@@ -77,6 +77,7 @@ def summarize(totals: Totals, total_gpus: int, seconds: float) -> dict[str, floa
         "lost_gpu_hours_preemption": round(totals.lost_preemption_gpu_s / 3600, 1),
         "stalled_gpu_hours": round(totals.stalled_gpu_s / 3600, 1),
         "cold_start_gpu_hours": round(totals.cold_gpu_s / 3600, 1),
+        "inference_demanded_gpu_hours": round(totals.demanded_gpu_s / 3600, 1),
         # Where the GPU-hours went (they add up to the usable GPU-hours): the goodput breakdown.
         "training_held_gpu_hours": round(totals.training_gpu_s / 3600, 1),
         "inference_held_gpu_hours": round(totals.inference_gpu_s / 3600, 1),
