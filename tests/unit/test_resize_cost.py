@@ -81,3 +81,10 @@ def test_a_cheaper_plan_never_suspends_a_higher_priority_than_the_first_one():
     assert COSTS.suspend_gpu_s(64, 16) < shrinks, "the suspension of B is the cheaper way"
     plan = plan_capacity(snap, GangRequest("pool", 4, 16, 4, priority=1000), [a, b], None, COSTS)
     assert evictions(plan) == [("a", False), ("b", False)]
+
+
+def test_a_grow_back_pays_when_its_work_outweighs_its_stall():
+    cost = COSTS.grow_gpu_s(ResizeKind.RESTART, 960, 64, 64)
+    assert not COSTS.grow_pays(ResizeKind.RESTART, 960, 64, 64, expected_s=cost / 64 - 1)
+    assert COSTS.grow_pays(ResizeKind.RESTART, 960, 64, 64, expected_s=cost / 64 + 1)
+    assert COSTS.grow_pays(ResizeKind.LIVE, 960, 64, 64, expected_s=cost / 64 - 1), "Live pays sooner"

@@ -87,6 +87,11 @@ class ResizeCosts:
             return added * (self.restart_s + self.transfer_seconds(model_gpus)) + after * self.rebuild_s
         return gpus * self.save_seconds(model_gpus, gpus) + after * self.restore_seconds(model_gpus, after)
 
+    def grow_pays(self, kind: ResizeKind | str, gpus: int, added: int, model_gpus: int, expected_s: float) -> bool:
+        """Whether `added` GPUs working for `expected_s` (until they are likely wanted back, or the
+        job ends) do more than the grow-back stalls."""
+        return added * expected_s > self.grow_gpu_s(kind, gpus, added, model_gpus)
+
     def room_lead_s(self, decision_period_s: float, cold_start_s: float) -> float:
         """How long making room for a replica can take: the slowest checkpoint write (one model
         replica's state written by its own GPUs), a decision period, then the cold start. A

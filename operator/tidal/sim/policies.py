@@ -525,11 +525,10 @@ class Tidal(CheckpointFirst):
     def grow_pays(self, sim: Simulation, job: Job, added: int, room: int) -> bool:
         """The added replicas' work until the forecast wants the GPUs back (or the job ends)
         outweighs what the grow-back stalls (resize_cost, by how the job resizes)."""
-        cost = sim.costs.grow_gpu_s(job.resize, job.gpus_held, added, job.model_gpus)
         rate = max(job.rate, 1e-9)
         until_done = job.remaining / rate if job.state == "running" else float("inf")
-        gain = added * min(self.calm_s(sim, job.arrival.accelerator, room - added), until_done)
-        return gain > cost
+        expected = min(self.calm_s(sim, job.arrival.accelerator, room - added), until_done)
+        return sim.costs.grow_pays(job.resize, job.gpus_held, added, job.model_gpus, expected)
 
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
         """Grow a shrunk job by as many of its missing DP replicas as fit, leaving the GPUs the

@@ -1,0 +1,145 @@
+"""Markdown tables from `python -m bench.sim --json` results, so the docs' simulator tables are
+generated, not typed:
+
+    python -m bench.sim --json --gpus 24048 --days 3 > docs/sim/runs/24k_w0.json
+    python -m bench.sim_tables docs/sim/runs/24k_w0.json [more.json ...]
+
+Each file gives one table: per policy the mean over its seeds and [min, max], then the goodput
+ratio to autoscale-preempt per seed and the ceiling (bench.sim's `ceiling`; for a file written
+before it existed, the same formula with the inference demand rebuilt from the scenario).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROWS = (
+    ("goodput, k GPU-h", "goodput_gpu_hours", 1e-3, "{:,.0f}"),
+    ("inference demand met", "inference_demand_met", 100, "{:.2f}%"),
+    ("minutes some pool short of warm replicas", "inference_slo_violation_minutes", 1, "{:,.0f}"),
+    ("evictions (suspensions + shrinks)", "evictions", 1, "{:,.0f}"),
+    ("of which shrinks", "shrinks", 1, "{:,.0f}"),
+    ("grow-backs", "grow_backs", 1, "{:,.0f}"),
+    ("flaps, old count (from the save)", "flaps", 1, "{:,.0f}"),
+    ("flaps of jobs (from the decision)", "flaps_jobs", 1, "{:,.0f}"),
+    ("flaps of replicas (added and removed within the hour)", "flaps_replicas", 1, "{:,.0f}"),
+    ("job wait p50, s", "job_wait_p50_s", 1, "{:,.0f}"),
+    ("job wait p95, s", "job_wait_p95_s", 1, "{:,.0f}"),
+    ("job wait p99, s", "job_wait_p99_s", 1, "{:,.0f}"),
+    ("jobs never started", "jobs_never_started", 1, "{:,.0f}"),
+    ("work lost to preemption, k GPU-h", "lost_gpu_hours_preemption", 1e-3, "{:,.1f}"),
+    ("work lost to failures, k GPU-h", "lost_gpu_hours_failures", 1e-3, "{:,.1f}"),
+    ("stalled (saves, restores, rebuilds), k GPU-h", "stalled_gpu_hours", 1e-3, "{:,.1f}"),
+    ("inference ahead of demand, k GPU-h", "inference_ahead_of_demand_gpu_hours", 1e-3, "{:,.0f}"),
+    ("GPUs idle (mean)", "gpus_idle", 1, "{:,.0f}"),
+)
+
+
+def _cell(result: dict, policy: str, key: str, scale: float, fmt: str) -> str:
+    mean = result["policies"][policy][key] * scale
+    low, high = (v * scale for v in result["spread"][policy][key])
+    if low == high:
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def demanded_gpu_hours(result: dict) -> float:
+    """The inference demand of the result's scenario, rebuilt (the same for every seed but noise)."""
+    from tidal.sim.run import Scenario, build
+
+    totals = []
+    for seed in result["seeds"]:
+        scenario = Scenario(
+            shape=result["shape"],
+            gpus=result["gpus"],
+            days=result["days"],
+            seed=seed,
+            window_offset_days=result.get("window_offset_days", 0),
+            bursts=result.get("bursts", True),
+        )
+        _, workload = build(scenario)
+        tp = {p.name: p.tp for p in workload.pools}
+        step = workload.demand_step_s
+        totals.append(sum(sum(v) * tp[n] * step for n, v in workload.inference_replicas.items()) / 3600)
+    return statistics.fmean(totals)
+
+
+def ceiling_of(result: dict) -> dict | None:
+    if result.get("ceiling"):
+        return result["ceiling"]
+    base = result["policies"].get("autoscale-preempt")
+    if base is None:
+        return None
+    whole = result["gpus"] * result["days"] * 24 - demanded_gpu_hours(result)
+    paid = base["lost_gpu_hours_failures"] + base["training_overhead_gpu_hours"] + base["cold_start_gpu_hours"]
+    return {
+        "cluster_less_demand_gpu_hours": round(whole, 1),
+        "realistic_gpu_hours": round(whole - paid, 1),
+        "shares": {
+            n: {
+                "of_cluster_less_demand": round(p["goodput_gpu_hours"] / whole, 4),
+                "of_realistic": round(p["goodput_gpu_hours"] / (whole - paid), 4),
+            }
+            for n, p in result["policies"].items()
+        },
+    }
+
+
+def table(result: dict) -> str:
+    names = list(result["policies"])
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, key, scale, fmt in ROWS:
+        if all(key in result["policies"][n] for n in names):
+            lines.append(f"| {label} | " + " | ".join(_cell(result, n, key, scale, fmt) for n in names) + " |")
+    bound = ceiling_of(result)
+    if bound:
+        lines.append(
+            "| share of the ceiling (cluster less demand / realistic) | "
+            + " | ".join(
+                f"{100 * bound['shares'][n]['of_cluster_less_demand']:.1f}%"
+                f" / {100 * bound['shares'][n]['of_realistic']:.1f}%"
+                for n in names
+            )
+            + " |"
+        )
+    base = result["policies"].get("autoscale-preempt")
+    out = "\n".join(lines)
+    if base:
+        ratios = []
+        for n in names:
+            if n == "autoscale-preempt":
+                continue
+            ratio = result["policies"][n]["goodput_gpu_hours"] / base["goodput_gpu_hours"]
+            ratios.append(f"{n} {ratio:.3f}")
+        out += "\n\nGoodput / autoscale-preempt (means): " + ", ".join(ratios) + "."
+        out += f" Per seed, tidal: {result.get('goodput_ratio_tidal_vs_autoscale_preempt')}."
+        out += f" `lead_vs_autoscale_preempt` per seed: {result.get('per_seed_lead')}."
+    if bound:
+        out += (
+            f" Ceiling: {bound['cluster_less_demand_gpu_hours'] / 1e3:,.0f}k GPU-h (cluster less the inference demand),"
+            f" {bound['realistic_gpu_hours'] / 1e3:,.0f}k less what the baseline pays whatever the policy."
+        )
+    return out
+
+
+def caption(result: dict) -> str:
+    return (
+        f"{result['gpus']:,} GPUs ({result['shape']}), {result['days']} days, seeds {result['seeds']}, "
+        f"trace window +{result.get('window_offset_days', 0)} days, Live share {result.get('live_share', 0.0):.0%}, "
+        f"{'bursty per-minute' if result.get('bursts', True) else '10-minute mean'} demand"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    for path in argv if argv is not None else sys.argv[1:]:
+        result = json.loads(Path(path).read_text())
+        print(f"**{caption(result)}** (`{path}`)\n")
+        print(table(result))
+        print()
+
+
+if __name__ == "__main__":
+    main()
