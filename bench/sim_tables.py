@@ -3,6 +3,11 @@ generated, not typed:
 
     python -m bench.sim --json --gpus 24048 --days 3 > docs/sim/runs/24k_w0.json
     python -m bench.sim_tables docs/sim/runs/24k_w0.json [more.json ...]
+    python -m bench.sim_tables --write docs/simulator.md   # every block below, rendered afresh
+
+In a Markdown file, a block between `<!-- sim-table: PATH -->` and `<!-- /sim-table -->` is the
+table of the run in PATH (relative to the repository); `--write` renders every block again, and
+tests/unit/test_sim_tables.py fails when one has drifted from its JSON.
 
 Each file gives one table: per policy the mean over its seeds and [min, max], then the goodput
 ratio to autoscale-preempt per seed and the ceiling (bench.sim's `ceiling`; for a file written
@@ -12,9 +17,13 @@ before it existed, the same formula with the inference demand rebuilt from the s
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(<!-- sim-table: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /sim-table -->)", re.DOTALL)
 
 ROWS = (
     ("goodput, k GPU-h", "goodput_gpu_hours", 1e-3, "{:,.0f}"),
@@ -133,12 +142,25 @@ def caption(result: dict) -> str:
     )
 
 
+def render(path: str) -> str:
+    result = json.loads((REPO / path).read_text())
+    return f"**{caption(result)}** (`{path}`)\n\n{table(result)}\n"
+
+
+def rendered(text: str) -> str:
+    """The text with every sim-table block rendered from its JSON."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("path")) + m.group(4), text)
+
+
 def main(argv: list[str] | None = None) -> None:
-    for path in argv if argv is not None else sys.argv[1:]:
-        result = json.loads(Path(path).read_text())
-        print(f"**{caption(result)}** (`{path}`)\n")
-        print(table(result))
-        print()
+    args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["--write"]:
+        for doc in args[1:]:
+            path = Path(doc)
+            path.write_text(rendered(path.read_text()))
+        return
+    for path in args:
+        print(render(path))
 
 
 if __name__ == "__main__":

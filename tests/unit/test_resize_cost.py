@@ -88,3 +88,23 @@ def test_a_grow_back_pays_when_its_work_outweighs_its_stall():
     assert not COSTS.grow_pays(ResizeKind.RESTART, 960, 64, 64, expected_s=cost / 64 - 1)
     assert COSTS.grow_pays(ResizeKind.RESTART, 960, 64, 64, expected_s=cost / 64 + 1)
     assert COSTS.grow_pays(ResizeKind.LIVE, 960, 64, 64, expected_s=cost / 64 - 1), "Live pays sooner"
+
+
+def test_a_grow_back_the_forecast_will_want_back_pays_for_that_shrink_too():
+    cost = COSTS.grow_gpu_s(ResizeKind.RESTART, 960, 64, 64)
+    again = COSTS.shrink_gpu_s(ResizeKind.RESTART, 1024, 64, 64)
+    expected = (cost + again / 2) / 64
+    assert COSTS.grow_pays(ResizeKind.RESTART, 960, 64, 64, expected)
+    assert not COSTS.grow_pays(ResizeKind.RESTART, 960, 64, 64, expected, shrunk_again=True)
+
+
+def test_a_cheaper_plan_never_suspends_above_what_the_first_plan_suspends():
+    """The first plan suspends A (priority 0) and shrinks B (priority 5) by three of four; suspending
+    B whole would be cheaper, but B outranks everything the first plan suspends."""
+    snap = racks(5)
+    a = place(snap, "a", 1, priority=0)
+    b = place(snap, "b", 4, priority=5, min_replicas=1)
+    first = COSTS.suspend_gpu_s(16, 16) + COSTS.shrink_gpu_s(ResizeKind.RESTART, 64, 48, 16)
+    assert COSTS.suspend_gpu_s(64, 16) < first, "the suspension of B is the cheaper way"
+    plan = plan_capacity(snap, GangRequest("pool", 4, 16, 4, priority=1000), [a, b], None, COSTS)
+    assert evictions(plan) == [("a", True), ("b", False)]

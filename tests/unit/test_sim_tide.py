@@ -13,8 +13,9 @@ import pytest
 
 from tidal.placement import GangRequest, plan_gang
 from tidal.placement.workload_mix import JobShape
+from tidal.rebalance.resize_cost import ResizeKind
 from tidal.sim import policies
-from tidal.sim.engine import FLAP_WINDOW_S, Costs, Job, Simulation
+from tidal.sim.engine import FLAP_WINDOW_S, METRIC_WINDOW_S, Costs, Job, Simulation
 from tidal.sim.policies import AutoscalePreemptGraceful, BurstHistory, Tidal, TidalBurst, TidalWhole
 from tidal.sim.run import snapshot_for, summarize
 from tidal.sim.workload import (
@@ -170,12 +171,14 @@ def test_a_live_grow_trains_on_while_the_new_replica_joins_then_rebuilds_once():
     sim.request_checkpoint(job, (1,))
     until(sim, 2000)
     rate = job.rate
+    before = sim.totals.stalled_gpu_s
     sim.grow(job, plan_gang(sim.snapshot, GangRequest(job.id, 1, 8, 4, group_ids=(1,))), 2)
     assert job.state == "running" and job.gpus_held == 16 and job.joining_gpus == 8
     assert job.rate == pytest.approx(rate, rel=0.01), "the survivors train on at their rate"
     join = costs.restart_s + costs.transfer_seconds(job.model_gpus)
     until(sim, 2000 + join - 1)
     stalled = sim.totals.stalled_gpu_s
+    assert stalled - before == pytest.approx(8 * (join - 1), rel=0.01), "the joining GPUs count as stalled"
     until(sim, 2000 + join + 1)
     assert job.state == "restoring" and job.joining_gpus == 0
     assert sim.totals.stalled_gpu_s > stalled
@@ -222,12 +225,11 @@ def queue_of_two(policy):
     return sim, jobs
 
 
-def test_tidal_starts_whole_jobs_before_smaller_elastic_starts():
-    sim, (elastic, rigid) = queue_of_two(Tidal())
-    sim.policy.admit(sim)
-    assert rigid.state == "restoring" and elastic.state == "queued"
-    # Kueue-style partial admission (the graceful baseline) starts the older job smaller instead.
-    sim, (elastic, rigid) = queue_of_two(AutoscalePreemptGraceful())
+@pytest.mark.parametrize("policy", [Tidal, AutoscalePreemptGraceful])
+def test_tidal_like_the_operator_starts_an_elastic_job_smaller_at_its_turn(policy):
+    """The operator's admission (k8s/admission.py) and Kueue's partial admission alike: the older
+    elastic job starts at the largest DP that fits, before the younger rigid job's turn."""
+    sim, (elastic, rigid) = queue_of_two(policy())
     sim.policy.admit(sim)
     assert elastic.state == "restoring" and elastic.dp == 2 and rigid.state == "queued"
 
@@ -251,10 +253,17 @@ def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made():
 
 
 def test_the_forecast_lead_is_the_time_making_room_takes():
-    sim = hand_sim(Costs())
-    lead = Tidal().lead_s(sim)
-    assert lead == sim.costs.room_lead_s(60, sim.costs.cold_start_s)
-    assert lead < 900, "not an hour"
+    """Yesterday's demand rose at 08:20: at 08:00 (20 minutes ahead) the forecast does not act
+    on it, at 08:12 (8 minutes ahead, within the ~10 minutes room takes) it does."""
+    day = [2] * 50 + [14] * 94
+    sim = hand_sim(pools={"m-large": day * 2, "m-mid": [0] * 288, "m-small": [0] * 288})
+    pool = sim.pools["m-large"]
+    policy = Tidal()
+    assert 500 < policy.lead_s(sim) < 900, "not an hour"
+    sim.now = 86400 + 8 * 3600
+    assert policy.forecast(sim, pool) == 2
+    sim.now = 86400 + 8 * 3600 + 12 * 60
+    assert policy.forecast(sim, pool) == 14
     assert policies.TidalReactive().lead_s(sim) == 0
 
 
@@ -307,3 +316,109 @@ def test_gpus_and_jobs_conserved_with_live_resizes(policy):
     )
     totals = sim.run()
     assert totals.useful_work > 0 and totals.live_shrinks + totals.live_grow_backs > 0
+
+
+def test_a_jobs_live_replicas_still_joining_are_not_grown_again_and_a_shrink_waits_for_them():
+    costs = Costs()
+    sim = hand_sim(costs)
+    policy = Tidal(budget_share=None, grow_cooldown_s=0)
+    sim.policy = policy
+    job = live(started(sim, JobShape(8, 1, 1, 4, 4, 1), min_dp=1))
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1, 2, 3))
+    until(sim, 2000)
+    sim.grow(job, plan_gang(sim.snapshot, GangRequest(job.id, 1, 8, 4, group_ids=(1,))), 2)
+    assert job.joining_gpus == 8 and job not in policy.grow_candidates(sim)
+    join_end = job.join_end
+    until(sim, 2010)
+    sim.request_checkpoint(job, (1,))  # a Live shrink while the replica joins
+    until(sim, join_end + costs.rebuild_s - 1)
+    assert job.state == "restoring", "the survivors wait for the join before they rebuild"
+    until(sim, join_end + costs.rebuild_s + 1)
+    assert job.state == "running"
+
+
+def test_the_room_a_live_shrink_frees_goes_to_the_pool_before_queued_training():
+    costs = Costs()
+    sim = hand_sim(costs, supernodes=1)
+    policy = Tidal(budget_share=None)
+    sim.policy = policy
+    job = live(started(sim, JobShape(8, 1, 1, 9, 4, 1), min_dp=1))  # all 72 GPUs
+    until(sim, 1000)
+    waiting = Job(TrainingArrival(5, 1000.0, JobShape(8, 1, 1, 1, 4, 1), 1e6, 0, True, None), dp=1, remaining=1e9)
+    sim.jobs[waiting.id] = waiting
+    sim.queue.append(waiting)
+    pool = sim.pools["m-large"]
+    policy.make_room(sim, pool, 1)
+    policy.admit(sim)
+    assert job.dp == 8 and len(pool.replicas) == 1 and waiting.state == "queued"
+
+
+def test_a_grow_back_checks_that_each_size_it_tries_pays():
+    sim = hand_sim(Costs())
+    policy = Tidal(budget_share=None, grow_cooldown_s=0)
+    sim.policy = policy
+    job = started(sim, JobShape(8, 1, 1, 4, 4, 1), min_dp=1)
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1, 2, 3))
+    until(sim, 2000)
+    asked = []
+    policy.grow_pays = lambda s, j, added, room: asked.append(added) or added <= 8
+    assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 8 and job.dp == 2
+    assert asked == [24, 8], "three replicas do not pay; one does"
+
+
+def test_the_engine_charges_a_restart_grow_what_the_planner_weighs():
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = started(sim, JobShape(8, 1, 1, 2, 4, 1), min_dp=1)
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1,))
+    until(sim, 2000)
+    before = sim.totals.stalled_gpu_s
+    sim.grow(job, plan_gang(sim.snapshot, GangRequest(job.id, 1, 8, 4, group_ids=(1,))), 2)
+    until(sim, 9000)
+    charged = sim.totals.stalled_gpu_s - before
+    assert charged == pytest.approx(costs.grow_gpu_s(ResizeKind.RESTART, 8, 8, job.model_gpus), rel=0.001)
+
+
+class FutureGuard(Workload):
+    """A workload that fails a read of the present or the future made while a policy decides."""
+
+    deciding_at: float | None = None
+
+    def desired_at(self, pool, t):
+        if self.deciding_at is not None:
+            # Before a minute has passed, the first minute stands for the steady state the run starts in.
+            seen = max(self.deciding_at - METRIC_WINDOW_S, 0.0)
+            assert t <= seen, f"a policy read minute {t // 60} at {self.deciding_at}"
+        return super().desired_at(pool, t)
+
+    def window_mean(self, pool, t):
+        if self.deciding_at is not None:
+            assert (t // WINDOW + 1) * WINDOW <= self.deciding_at, (
+                f"a policy read the window of {t} at {self.deciding_at}"
+            )
+        return super().window_mean(pool, t)
+
+
+@pytest.mark.parametrize("name", ["autoscale-preempt", "tidal", "tidal-burst", "tidal-whole"])
+def test_no_policy_reads_the_present_or_the_future(name):
+    built = build_workload(cluster_gpus=1440, nodes=360, days=2, seed=4)
+    workload = FutureGuard(**{f.name: getattr(built, f.name) for f in dataclasses.fields(Workload) if f.init})
+    policy = policies.POLICIES[name]()
+    sim = Simulation(snapshot_for(build_fleet("nvl72", 20), 0), workload, policy)
+    for method in ("tick", "admit", "after_checkpoint"):
+        inner = getattr(policy, method)
+
+        def guarded(s, inner=inner):
+            workload.deciding_at = s.now
+            try:
+                inner(s)
+            finally:
+                workload.deciding_at = None
+
+        setattr(policy, method, guarded)
+    totals = sim.run()
+    assert totals.useful_work > 0
+    assert name == "autoscale-preempt" or policy.forecasts, "the forecast was asked (from day 1 on)"

@@ -2,7 +2,8 @@
 resizes. One pure source for the capacity planner (which way of making room is cheapest), the
 simulator's tidal policy (whether a grow-back pays) and the simulator's engine (what it charges).
 
-Two kinds (`spec.elastic.resize`):
+Two kinds (`spec.elastic.resize`, proposed by the Live resize issue and not yet in the CRD: the
+operator treats every job as Restart until it is; the simulator draws the kind per job):
 - Restart (torchrun elastic, and any trainer that re-forms its world from a checkpoint): a shrink
   or grow writes a checkpoint, then every worker restarts and reloads it at the new size.
 - Live (torchft, HSDP replica groups): every data-parallel replica holds the whole state, so the
@@ -80,17 +81,30 @@ class ResizeCosts:
 
     def grow_gpu_s(self, kind: ResizeKind | str, gpus: int, added: int, model_gpus: int) -> float:
         """Adding `added` GPUs to a job running on `gpus`: Restart saves with the old size and
-        reloads with the new; Live holds the new GPUs through their start and peer transfer and
-        stalls everyone for one rebuild."""
+        reloads with the new, every GPU held through both; Live holds the new GPUs through their
+        start and peer transfer and stalls everyone for one rebuild."""
         after = gpus + added
         if kind == ResizeKind.LIVE:
             return added * (self.restart_s + self.transfer_seconds(model_gpus)) + after * self.rebuild_s
-        return gpus * self.save_seconds(model_gpus, gpus) + after * self.restore_seconds(model_gpus, after)
+        # The new GPUs are booked when the grow-back is decided: they wait through the save too.
+        return after * (self.save_seconds(model_gpus, gpus) + self.restore_seconds(model_gpus, after))
 
-    def grow_pays(self, kind: ResizeKind | str, gpus: int, added: int, model_gpus: int, expected_s: float) -> bool:
+    def grow_pays(
+        self,
+        kind: ResizeKind | str,
+        gpus: int,
+        added: int,
+        model_gpus: int,
+        expected_s: float,
+        shrunk_again: bool = False,
+    ) -> bool:
         """Whether `added` GPUs working for `expected_s` (until they are likely wanted back, or the
-        job ends) do more than the grow-back stalls."""
-        return added * expected_s > self.grow_gpu_s(kind, gpus, added, model_gpus)
+        job ends) do more than the grow-back stalls, and, with `shrunk_again` (they will be
+        wanted back before the job ends), the shrink that gives them back."""
+        cost = self.grow_gpu_s(kind, gpus, added, model_gpus)
+        if shrunk_again:
+            cost += self.shrink_gpu_s(kind, gpus + added, added, model_gpus)
+        return added * expected_s > cost
 
     def room_lead_s(self, decision_period_s: float, cold_start_s: float) -> float:
         """How long making room for a replica can take: the slowest checkpoint write (one model

@@ -111,6 +111,7 @@ class Job:
     down_at: float | None = None  # last shrink or eviction for capacity, stamped once saved (the old flap count)
     down_decided_at: float | None = None  # when that eviction was decided (flaps_real)
     joining_gpus: int = 0  # GPUs of Live replicas still starting or fetching state: held, not training
+    join_end: float = 0.0  # when those replicas will have fetched the state
     overhead: float = 0.0  # periodic-checkpoint share at the current size
     group_gpus: int = field(init=False)
     # (groups, dp, the RunningGang they make): the capacity planner asks for every running job's
@@ -524,7 +525,9 @@ class Simulation:
         job.dp -= len(gone)
         job.evicting = ()
         self.totals.shrinks += 1
-        self._restore(job, self.costs.rebuild_s)
+        # Replicas still joining (a Live grow under way) finish their start and transfer first.
+        joining = max(job.join_end - self.now, 0.0) if job.joining_gpus else 0.0
+        self._restore(job, joining + self.costs.rebuild_s)
 
     def grow(self, job: Job, plan: PlacementPlan, dp: int) -> None:
         """Add DP replicas to a running job. Restart: it checkpoints, then restarts at the new
@@ -544,7 +547,8 @@ class Simulation:
             job.overhead = self.costs.periodic_overhead(job.shape, job.gpus_held)
             self._schedule_finish(job)  # the same work at the survivors' rate until the join
             join = self.costs.restart_s + self.costs.transfer_seconds(job.model_gpus)
-            self.push(self.now + join, "joined", (job.id, job.version))
+            job.join_end = self.now + join
+            self.push(job.join_end, "joined", (job.id, job.version))
             return
         job.joining_gpus = 0
         self._restore(job, saving + self.costs.restore_s(job.shape, job.gpus_held))
@@ -631,7 +635,8 @@ class Simulation:
 
     def observed(self, pool: Pool) -> int:
         """Replicas an autoscaler asks for now: the demand's mean over the last metric window
-        (the largest step it spans, since a replica serves whole; one minute at the default)."""
+        (rounded up, since a replica serves whole; the last minute at the default).
+        Before a minute has passed, the first minute stands for the steady state the run starts in."""
         start = max(self.now - METRIC_WINDOW_S, 0.0)
         step = self.workload.demand_step_s
         points = {start + k * step for k in range(int(METRIC_WINDOW_S // step) + 1) if start + k * step < self.now}

@@ -52,7 +52,7 @@ from tidal.sim.workload import WINDOW
 ADMIT_TRIES = 32
 DAY_START_H, DAY_END_H = 8, 23
 STABILIZATION = dt.timedelta(minutes=30)
-"""Scale-down waits until demand has stayed lower for 30 minutes: three ticks, not one."""
+"""Scale-down waits until demand has stayed lower for 30 minutes (thirty one-minute ticks)."""
 GROW_COOLDOWN_S = 3600.0
 """A shrunk job grows back no sooner than an hour after the shrink's decision."""
 FORECAST_DAYS = 7
@@ -101,7 +101,7 @@ class Policy:
     def admit(self, sim: Simulation) -> None:
         self.admit_pass(sim, partial=self.elastic)
 
-    def admit_pass(self, sim: Simulation, partial: bool) -> None:
+    def admit_pass(self, sim: Simulation, partial: bool) -> int:
         """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed;
         with `partial`, an elastic job that does not fit whole starts at the largest DP that
         fits (down to its minDP). Shrunk jobs that may grow back take their turn in the same order."""
@@ -135,6 +135,7 @@ class Policy:
                     free -= job.gpus_held
                     break
                 fitting[key] = self.room_now(plan)
+        return tries
 
     @staticmethod
     def room_key(request: GangRequest) -> tuple[tuple, int]:
@@ -394,7 +395,7 @@ class BurstHistory:
 
     def ahead(self, pool: str, quantile: float) -> int:
         """Replicas for a burst at `quantile` of the observed factors on the last ten minutes'
-        mean; 0 until an hour has been observed."""
+        mean; 0 until 60 factors have been observed (70 minutes: each needs the ten before it)."""
         ratios = self.ratios.get(pool, [])
         if len(ratios) < 60:
             return 0
@@ -478,6 +479,9 @@ class Tidal(CheckpointFirst):
             sim.request_checkpoint(job, () if eviction.whole else eviction.replicas)
         if plan.evictions:
             self.waiting = True
+            # A Live shrink (or a job still restoring) gives its GPUs back at once: the pool takes
+            # them now, before admission could hand them to queued training.
+            self.place_free(sim, pool, target - len(pool.replicas))
 
     def headroom(self, sim: Simulation, accelerator: str) -> int:
         """GPUs the pools will want within the forecast lead beyond what they hold now."""
@@ -488,15 +492,6 @@ class Tidal(CheckpointFirst):
                 want += max(ahead - len(pool.replicas), 0) * pool.tp
         return want
 
-    def admit(self, sim: Simulation) -> None:
-        """Whole starts first, then smaller ones: a pass that starts only whole jobs, then one
-        that starts elastic jobs at a smaller DP in the room left. Starting an elastic job
-        smaller as soon as it is its turn (one pass, as Kueue's partial admission does) kept the
-        cluster so full that big and low-priority gangs waited for days (p95 wait ~10x the
-        baseline's at 24,048 GPUs): each fragment went to the next partial start."""
-        self.admit_pass(sim, partial=False)
-        self.admit_pass(sim, partial=True)
-
     def grow_candidates(self, sim: Simulation) -> list[Job]:
         if self.waiting:
             return []
@@ -505,6 +500,7 @@ class Tidal(CheckpointFirst):
             for j in sim.active.values()
             if j.state == "running"
             and j.dp < j.shape.dp
+            and not j.joining_gpus
             and sim.now - self.shrunk_at.get(j.id, -1e18) >= self.grow_cooldown_s
         ]
 
@@ -524,11 +520,14 @@ class Tidal(CheckpointFirst):
 
     def grow_pays(self, sim: Simulation, job: Job, added: int, room: int) -> bool:
         """The added replicas' work until the forecast wants the GPUs back (or the job ends)
-        outweighs what the grow-back stalls (resize_cost, by how the job resizes)."""
+        outweighs what the grow-back stalls, and the shrink that gives them back if the forecast
+        wants them first (resize_cost, by how the job resizes)."""
         rate = max(job.rate, 1e-9)
         until_done = job.remaining / rate if job.state == "running" else float("inf")
-        expected = min(self.calm_s(sim, job.arrival.accelerator, room - added), until_done)
-        return sim.costs.grow_pays(job.resize, job.gpus_held, added, job.model_gpus, expected)
+        calm = self.calm_s(sim, job.arrival.accelerator, room - added)
+        return sim.costs.grow_pays(
+            job.resize, job.gpus_held, added, job.model_gpus, min(calm, until_done), shrunk_again=calm < until_done
+        )
 
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:
         """Grow a shrunk job by as many of its missing DP replicas as fit, leaving the GPUs the
@@ -537,9 +536,10 @@ class Tidal(CheckpointFirst):
         replica_gpus = per * job.shape.group_gpus
         room = free - self.headroom(sim, job.arrival.accelerator)
         missing = min(job.shape.dp - job.dp, room // replica_gpus)
-        if missing > 0 and not self.grow_pays(sim, job, missing * replica_gpus, room):
-            return 0
         while missing > 0:
+            if not self.grow_pays(sim, job, missing * replica_gpus, room):
+                missing //= 2  # a smaller grow-back stalls as much and gains less, but may still pay
+                continue
             have = job.dp * per
             request = GangRequest(
                 job.id,
@@ -569,7 +569,7 @@ BURST_QUANTILE = 0.9
 
 class TidalBurst(Tidal):
     """tidal with warm replicas ahead of bursts (`burst_quantile`): more inference demand met
-    for fewer training GPU-hours. A setting, not the default."""
+    for fewer training GPU-hours. A simulator variant: the operator has no such setting yet."""
 
     name = "tidal-burst"
 
@@ -578,8 +578,9 @@ class TidalBurst(Tidal):
 
 
 class TidalWhole(Tidal):
-    """tidal starting jobs only whole (no smaller elastic starts): the setting for shorter waits,
-    at the goodput the smaller starts win."""
+    """tidal starting jobs only whole (no smaller elastic starts): shorter waits, at the goodput
+    the smaller starts win. A simulator variant: the operator always starts an elastic job
+    smaller when it does not fit whole."""
 
     name = "tidal-whole"
 

@@ -2,12 +2,16 @@
 
 - Inference: ServeGen language-model request rates per 10-minute window (three models). Each model
   is a pool whose replica has `tp` GPUs and serves `rps_per_replica`; rates are scaled by one
-  factor so that the busiest window needs `inference_peak_share` of the cluster. Demand is kept
-  per minute (`MINUTE`): each pool's 10-minute mean times ten consecutive per-minute factors drawn
-  for that window from the Azure LLM inference trace 2023 (requests per minute over their
-  10-minute mean, both services together, every 10-minute span of the trace's 58 whole minutes:
-  coefficient of variation 0.35, bursts to 2.4x the window's mean). The draw is a block
-  bootstrap: the trace's own minute-to-minute shape, each window's mean kept exactly.
+  factor so that the busiest 10-minute *mean* needs `inference_peak_share` of the cluster (single
+  minutes ask for more: at 0.4 and 24,048 GPUs the busiest minute needs 58%). Demand is kept per
+  minute (`MINUTE`): each pool's 10-minute mean times ten consecutive per-minute factors drawn for
+  that window from one hour of the Azure LLM inference trace 2023 (requests per minute over their
+  10-minute mean, both services together, every 10-minute span of the hour's 58 whole minutes:
+  49 overlapping blocks, about 5 independent; coefficient of variation 0.30, bursts to 2.18x the
+  span's mean, most of it from the `code` service). The draw is a block bootstrap, independent per
+  pool and window (no continuity across windows, no correlation between pools), each window's
+  mean kept exactly. One hour of one trace is thin evidence: a longer per-request trace would be
+  better, and `bursts=False` gives the smoothed model to compare.
 - Trace windows: `window_offset_days` starts the ServeGen days (7, repeated) and the Helios days
   (15, repeated) that many days later, so a run can be repeated on other weeks of both traces.
 - Training: job arrivals follow the Helios (Earth) >=8-GPU demand (running + pending GPUs) per
@@ -124,7 +128,7 @@ class TrainingArrival:
     min_dp: int | None
     accelerator: str = "nvidia.com/gpu"
     live_resize: bool = False
-    """spec.elastic.resize: Live (True) or Restart."""
+    """How it resizes (spec.elastic.resize, proposed; not yet in the CRD): Live (True) or Restart."""
 
 
 @dataclass(frozen=True)
