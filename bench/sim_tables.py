@@ -134,6 +134,23 @@ def table(result: dict) -> str:
     return out
 
 
+def command(result: dict) -> str:
+    """The bench.sim command that made the result."""
+    parts = ["python -m bench.sim --json", f"--gpus {result['gpus']}", f"--days {result['days']}"]
+    if result["shape"] != "nvl72":
+        parts.append(f"--shape {result['shape']}")
+    if result["seeds"] != [7, 8, 9]:
+        parts.append("--seeds " + ",".join(str(s) for s in result["seeds"]))
+    if result.get("window_offset_days"):
+        parts.append(f"--window-offset-days {result['window_offset_days']}")
+    if result.get("live_share"):
+        parts.append(f"--live-share {result['live_share']}")
+    if not result.get("bursts", True):
+        parts.append("--no-bursts")
+    parts += [f"--policy {n}" for n in result["policies"]]
+    return " ".join(parts)
+
+
 def caption(result: dict) -> str:
     return (
         f"{result['gpus']:,} GPUs ({result['shape']}), {result['days']} days, seeds {result['seeds']}, "
@@ -144,7 +161,7 @@ def caption(result: dict) -> str:
 
 def render(path: str) -> str:
     result = json.loads((REPO / path).read_text())
-    return f"**{caption(result)}** (`{path}`)\n\n{table(result)}\n"
+    return f"**{caption(result)}**: `{command(result)}` (`{path}`)\n\n{table(result)}\n"
 
 
 def rendered(text: str) -> str:

@@ -70,6 +70,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         inference_peak_share=args.inference_peak_share,
         training_load_share=args.training_load_share,
         traces_dir=args.traces,
+        live_share=args.live_share,
+        window_offset_days=args.window_offset_days,
+        bursts=not args.no_bursts,
     )
     result = run_scenario(scenario, args.policy or None, jobs=args.jobs)
     print(table(result))
@@ -119,7 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--policy",
         action="append",
-        choices=["autoscale-preempt", "static-split", "topology-only", "first-fit", "tidal", "tidal-reactive"],
+        choices=[
+            "autoscale-preempt",
+            "autoscale-preempt-graceful",
+            "static-split",
+            "topology-only",
+            "first-fit",
+            "tidal",
+            "tidal-reactive",
+            "tidal-burst",
+            "tidal-whole",
+        ],
         help="run only these (repeatable); default: the first five",
     )
     sim.add_argument(
@@ -139,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="directory with the trace CSVs (default: the copies shipped in tidal/sim/data)",
+    )
+    sim.add_argument("--live-share", type=float, default=0.0, help="share of elastic jobs that resize Live (default 0)")
+    sim.add_argument(
+        "--window-offset-days", type=int, default=0, help="start the traces this many days in (another window)"
+    )
+    sim.add_argument(
+        "--no-bursts", action="store_true", help="inference demand as 10-minute means (the old, smoothed model)"
     )
     sim.add_argument("--out", type=Path, default=Path("sim-out"), help="where the table, JSON and plots go")
     sim.add_argument(

@@ -40,3 +40,14 @@ def test_quick_run_prints_the_tide_fields_per_policy():
             "inference_demand_met",
         ):
             assert field in figures, (name, field)
+
+
+def test_tidal_sim_takes_every_policy_and_the_tide_options():
+    from tidal.cli import build_parser
+    from tidal.sim.policies import POLICIES
+
+    parser = build_parser()
+    args = parser.parse_args(["sim", "--live-share", "0.5", "--window-offset-days", "4", "--no-bursts"])
+    assert (args.live_share, args.window_offset_days, args.no_bursts) == (0.5, 4, True)
+    sim = next(a for a in parser._subparsers._group_actions[0].choices["sim"]._actions if a.dest == "policy")
+    assert set(sim.choices) == set(POLICIES)
