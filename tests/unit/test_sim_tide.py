@@ -234,9 +234,9 @@ def test_tidal_like_the_operator_starts_an_elastic_job_smaller_at_its_turn(polic
     assert elastic.state == "restoring" and elastic.dp == 2 and rigid.state == "queued"
 
 
-def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made():
-    costs = Costs()
-    sim = hand_sim(costs)
+def shrunk_to_one() -> tuple[Simulation, Tidal, Job]:
+    """A Restart job of four 8-GPU replicas shrunk to one, running again; tidal without a cooldown."""
+    sim = hand_sim(Costs())
     policy = Tidal(budget_share=None, grow_cooldown_s=0)
     sim.policy = policy
     job = started(sim, JobShape(8, 1, 1, 4, 4, 1), min_dp=1)
@@ -244,6 +244,11 @@ def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made():
     sim.request_checkpoint(job, (1, 2, 3))
     until(sim, 2000)
     assert job.dp == 1 and job.state == "running"
+    return sim, policy, job
+
+
+def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made():
+    sim, policy, job = shrunk_to_one()
     job.remaining = job.rate * 60  # a minute of work left: three replicas more cannot pay for a restart
     assert not policy.grow_pays(sim, job, 24, 24)
     assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 0 and job.dp == 1
@@ -355,13 +360,7 @@ def test_the_room_a_live_shrink_frees_goes_to_the_pool_before_queued_training():
 
 
 def test_a_grow_back_checks_that_each_size_it_tries_pays():
-    sim = hand_sim(Costs())
-    policy = Tidal(budget_share=None, grow_cooldown_s=0)
-    sim.policy = policy
-    job = started(sim, JobShape(8, 1, 1, 4, 4, 1), min_dp=1)
-    until(sim, 1000)
-    sim.request_checkpoint(job, (1, 2, 3))
-    until(sim, 2000)
+    sim, policy, job = shrunk_to_one()
     asked = []
     policy.grow_pays = lambda s, j, added, room: asked.append(added) or added <= 8
     assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 8 and job.dp == 2

@@ -500,24 +500,14 @@ class Simulation:
         self.totals.evictions += 1
         job.down_at = self.now
         if job.evicting and len(job.evicting) < job.dp:
-            gone = set(job.evicting)
-            per = job.groups_per_replica
-            self._release_groups(job, [g for g in job.groups if g.group // per in gone])
-            job.groups = [g for g in job.groups if g.group // per not in gone]
-            job.dp -= len(gone)
-            job.evicting = ()
-            self.totals.shrinks += 1
+            self._give_back(job, job.evicting)
             # The remaining replicas restart from the checkpoint just written, at the new size.
             self._restore(job, self.costs.restore_s(job.shape, job.gpus_held))
         else:
             self._requeue(job)
 
-    def live_shrink(self, job: Job, replicas: tuple[int, ...]) -> None:
-        """Live: the leaving replicas go now; the survivors keep the state and stall only for a
-        communicator rebuild. Nothing is written and nothing is lost."""
-        self.totals.evictions += 1
-        self.totals.live_shrinks += 1
-        job.down_at = self.now
+    def _give_back(self, job: Job, replicas: tuple[int, ...]) -> None:
+        """Release the DP replicas `replicas` of a shrinking job (a shrink, not a suspension)."""
         gone = set(replicas)
         per = job.groups_per_replica
         self._release_groups(job, [g for g in job.groups if g.group // per in gone])
@@ -525,6 +515,14 @@ class Simulation:
         job.dp -= len(gone)
         job.evicting = ()
         self.totals.shrinks += 1
+
+    def live_shrink(self, job: Job, replicas: tuple[int, ...]) -> None:
+        """Live: the leaving replicas go now; the survivors keep the state and stall only for a
+        communicator rebuild. Nothing is written and nothing is lost."""
+        self.totals.evictions += 1
+        self.totals.live_shrinks += 1
+        job.down_at = self.now
+        self._give_back(job, replicas)
         # Replicas still joining (a Live grow under way) finish their start and transfer first.
         joining = max(job.join_end - self.now, 0.0) if job.joining_gpus else 0.0
         self._restore(job, joining + self.costs.rebuild_s)
