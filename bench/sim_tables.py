@@ -124,8 +124,11 @@ def table(result: dict) -> str:
             ratio = result["policies"][n]["goodput_gpu_hours"] / base["goodput_gpu_hours"]
             ratios.append(f"{n} {ratio:.3f}")
         out += "\n\nGoodput / autoscale-preempt (means): " + ", ".join(ratios) + "."
-        out += f" Per seed, tidal: {result.get('goodput_ratio_tidal_vs_autoscale_preempt')}."
-        out += f" `lead_vs_autoscale_preempt` per seed: {result.get('per_seed_lead')}."
+        spread = result.get("goodput_ratio_tidal_vs_autoscale_preempt")
+        if spread:
+            out += f" tidal per seed: {spread['min']:.3f}-{spread['max']:.3f}, mean {spread['mean']:.3f}."
+        leads = ", ".join("null" if x is None else f"{x:.3f}" for x in result.get("per_seed_lead", []))
+        out += f" `lead_vs_autoscale_preempt` per seed: {leads}."
     if bound:
         out += (
             f" Ceiling: {bound['cluster_less_demand_gpu_hours'] / 1e3:,.0f}k GPU-h (cluster less the inference demand),"
