@@ -761,14 +761,14 @@ MUTANTS = [
     Mutant(
         "a Restart shrink dearer than a suspension gives way to it",
         CAPACITY,
-        "    if costs is None or not any(_restart_shrink(e, eligible) for e in plan.evictions):",
+        "    if not any(_restart_shrink(e, gangs) for e in plan.evictions):",
         "    if True:",
         COST_TESTS + "test_a_restart_shrink_dearer_than_a_suspension_gives_way_to_it",
     ),
     Mutant(
         "a cheaper plan suspends no higher priority",
         CAPACITY,
-        "        and _suspended_tier(other, eligible) <= _tier_allowed(plan, eligible)\n",
+        "        and _suspended_tier(other, gangs) <= _tier_allowed(plan, gangs)\n",
         "        and True\n",
         COST_TESTS + "test_a_cheaper_plan_never_suspends_a_higher_priority_than_the_first_one",
     ),

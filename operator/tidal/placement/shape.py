@@ -31,8 +31,13 @@ class GangShape:
         return cls(spec.get("tp", 1), spec.get("ep", 1), spec.get("pp", 1), dp or spec.get("dp", 1), spec["gpusPerPod"])
 
     @property
+    def replica_gpus(self) -> int:
+        """GPUs of one model replica (tp*ep*pp): what one DP replica's state is sharded over."""
+        return self.tp * self.ep * self.pp
+
+    @property
     def world_size(self) -> int:
-        return self.tp * self.ep * self.pp * self.dp
+        return self.replica_gpus * self.dp
 
     @property
     def group_gpus(self) -> int:
@@ -51,7 +56,7 @@ class GangShape:
         """A pod holds ranks of two DP replicas (gpusPerPod does not divide tp*ep*pp; plain data
         parallelism with 8 GPUs a pod): no replica can be given back alone, so the gang is taken
         whole or not at all (the schema refuses the shape in an elastic job)."""
-        return (self.tp * self.ep * self.pp) % self.gpus_per_pod != 0
+        return self.replica_gpus % self.gpus_per_pod != 0
 
     @property
     def groups_per_replica(self) -> int:
@@ -68,7 +73,7 @@ class GangShape:
             "TP": rank % self.tp,
             "EP": (rank // self.tp) % self.ep,
             "PP": (rank // (self.tp * self.ep)) % self.pp,
-            "DP": rank // (self.tp * self.ep * self.pp),
+            "DP": rank // self.replica_gpus,
         }
 
     def request(

@@ -71,45 +71,45 @@ def plan_capacity(
     if not eligible:
         return free_only
     plan = _best_plan(snapshot, request, eligible, budget_gpus, direct.groups_fitting_now, free_only)
-    if costs is None or not any(_restart_shrink(e, eligible) for e in plan.evictions):
+    if costs is None:
+        return plan
+    gangs = {g.name: g for g in eligible}
+    if not any(_restart_shrink(e, gangs) for e in plan.evictions):
         return plan
     whole_only = [g if g.resize == ResizeKind.LIVE else replace(g, min_replicas=None) for g in eligible]
     other = _best_plan(snapshot, request, whole_only, budget_gpus, direct.groups_fitting_now, free_only)
     if (
         other.replicas >= plan.replicas
-        and _suspended_tier(other, eligible) <= _tier_allowed(plan, eligible)
-        and plan_cost(other, eligible, costs) < plan_cost(plan, eligible, costs)
+        and _suspended_tier(other, gangs) <= _tier_allowed(plan, gangs)
+        and plan_cost(other, gangs, costs) < plan_cost(plan, gangs, costs)
     ):
         return replace(other, reason=f"{other.reason} (cheaper than shrinking Restart jobs)")
     return plan
 
 
-def _restart_shrink(eviction: Eviction, gangs: list[RunningGang]) -> bool:
-    return not eviction.whole and any(g.name == eviction.gang and g.resize != ResizeKind.LIVE for g in gangs)
+def _restart_shrink(eviction: Eviction, gangs: dict[str, RunningGang]) -> bool:
+    return not eviction.whole and gangs[eviction.gang].resize != ResizeKind.LIVE
 
 
-def _suspended_tier(plan: CapacityPlan, gangs: list[RunningGang]) -> int:
+def _suspended_tier(plan: CapacityPlan, gangs: dict[str, RunningGang]) -> int:
     """The highest priority the plan suspends whole (-inf: none)."""
-    by_name = {g.name: g.priority for g in gangs}
-    return max((by_name[e.gang] for e in plan.evictions if e.whole), default=-(2**31))
+    return max((gangs[e.gang].priority for e in plan.evictions if e.whole), default=-(2**31))
 
 
-def _tier_allowed(plan: CapacityPlan, gangs: list[RunningGang]) -> int:
+def _tier_allowed(plan: CapacityPlan, gangs: dict[str, RunningGang]) -> int:
     """The highest priority a cheaper plan may suspend in this plan's stead: what this one
     suspends, or if it only shrinks, the lowest priority it shrinks (a suspension then replaces
     a shrink of the same or a higher priority, never the other way round)."""
     if any(e.whole for e in plan.evictions):
         return _suspended_tier(plan, gangs)
-    by_name = {g.name: g.priority for g in gangs}
-    return min(by_name[e.gang] for e in plan.evictions)
+    return min(gangs[e.gang].priority for e in plan.evictions)
 
 
-def plan_cost(plan: CapacityPlan, gangs: list[RunningGang], costs: ResizeCosts) -> float:
+def plan_cost(plan: CapacityPlan, gangs: dict[str, RunningGang], costs: ResizeCosts) -> float:
     """GPU-seconds of no progress the plan's evictions cause (resize_cost), the GPUs freed aside."""
-    by_name = {g.name: g for g in gangs}
     total = 0.0
     for e in plan.evictions:
-        gang = by_name[e.gang]
+        gang = gangs[e.gang]
         model_gpus = max(gang.gpus // max(len(gang.replicas), 1), 1)
         if e.whole:
             total += costs.suspend_gpu_s(gang.gpus, model_gpus)

@@ -62,13 +62,13 @@ class Costs(ResizeCosts):
     split_efficiency: float = 0.3
 
     def checkpoint_bytes(self, shape: JobShape) -> float:
-        return self.state_bytes(shape.tp * shape.ep * shape.pp)
+        return self.state_bytes(shape.replica_gpus)
 
     def save_s(self, shape: JobShape, gpus: int) -> float:
-        return self.save_seconds(shape.tp * shape.ep * shape.pp, gpus)
+        return self.save_seconds(shape.replica_gpus, gpus)
 
     def restore_s(self, shape: JobShape, gpus: int) -> float:
-        return self.restore_seconds(shape.tp * shape.ep * shape.pp, gpus)
+        return self.restore_seconds(shape.replica_gpus, gpus)
 
     def periodic_overhead(self, shape: JobShape, gpus: int) -> float:
         """Share of the running time lost to periodic checkpoints."""
@@ -141,7 +141,7 @@ class Job:
 
     @property
     def model_gpus(self) -> int:
-        return self.shape.tp * self.shape.ep * self.shape.pp
+        return self.shape.replica_gpus
 
     @property
     def resize(self) -> ResizeKind:
@@ -326,9 +326,7 @@ class Simulation:
         job = self.jobs[payload[0]]
         if job.version != payload[1] or job.state != "running":
             return
-        self._progress(job)
-        job.joining_gpus = 0
-        self._restore(job, self.costs.rebuild_s)
+        self._restore(job, self.costs.rebuild_s)  # the joiners become members there
 
     def _on_failure(self, failure) -> None:
         name = self.node_names[failure.node_index % len(self.node_names)]

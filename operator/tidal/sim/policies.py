@@ -101,7 +101,7 @@ class Policy:
     def admit(self, sim: Simulation) -> None:
         self.admit_pass(sim, partial=self.elastic)
 
-    def admit_pass(self, sim: Simulation, partial: bool) -> int:
+    def admit_pass(self, sim: Simulation, partial: bool) -> None:
         """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed;
         with `partial`, an elastic job that does not fit whole starts at the largest DP that
         fits (down to its minDP). Shrunk jobs that may grow back take their turn in the same order."""
@@ -135,7 +135,6 @@ class Policy:
                     free -= job.gpus_held
                     break
                 fitting[key] = self.room_now(plan)
-        return tries
 
     @staticmethod
     def room_key(request: GangRequest) -> tuple[tuple, int]:
@@ -294,9 +293,12 @@ class Autoscaled(Policy):
         days = self.past_days(sim)
         return sum(sim.workload.window_mean(pool.name, at - d * 86400) for d in range(1, days + 1)) / days
 
+    def desired(self, sim: Simulation, pool: Pool) -> int:
+        """Unstabilized: the observed demand, or the forecast if higher."""
+        return max(sim.observed(pool), self.forecast(sim, pool))
+
     def target(self, sim: Simulation, pool: Pool) -> int:
-        desired = max(sim.observed(pool), self.forecast(sim, pool))
-        return self.tracker.stabilized(pool.name, sim.wall_clock(), desired)
+        return self.tracker.stabilized(pool.name, sim.wall_clock(), self.desired(sim, pool))
 
     def tick(self, sim: Simulation) -> None:
         for pool in sim.pools.values():
@@ -435,17 +437,18 @@ class Tidal(CheckpointFirst):
     def tick(self, sim: Simulation) -> None:
         self.waiting = False
         self.stuck.clear()
-        for pool in sim.pools.values():
-            self.bursts.observe(pool.name, sim.observed(pool))
+        if self.burst_quantile is not None:
+            for pool in sim.pools.values():
+                self.bursts.observe(pool.name, sim.observed(pool))
         super().tick(sim)
 
-    def target(self, sim: Simulation, pool: Pool) -> int:
+    def desired(self, sim: Simulation, pool: Pool) -> int:
         """With `burst_quantile`, at least the last ten minutes' mean times the burst factor the
         pool's own observed minutes reached at that quantile over the last day."""
-        desired = max(sim.observed(pool), self.forecast(sim, pool))
+        desired = super().desired(sim, pool)
         if self.burst_quantile is not None:
             desired = max(desired, self.bursts.ahead(pool.name, self.burst_quantile))
-        return self.tracker.stabilized(pool.name, sim.wall_clock(), desired)
+        return desired
 
     def after_checkpoint(self, sim: Simulation) -> None:
         self.waiting = False
