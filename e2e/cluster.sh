@@ -124,9 +124,22 @@ componentsPatches:
   - {key: kube-api-qps, value: "500"}
   - {key: kube-api-burst, value: "1000"}
 YAML
+    # The API server's audit log records who deleted each pod and with which grace period: how
+    # tests/cluster/test_node_loss.py tells the operator's forced delete from the pod GC's.
+    cat >"$KWOK_WORKDIR/$name.audit.yaml" <<YAML
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Request
+  verbs: [delete]
+  resources: [{group: "", resources: [pods]}]
+- level: None
+YAML
     log "starting cluster $name (kwokctl --runtime binary, RBAC on)"
     "$bin/kwokctl" create cluster --name "$name" --runtime binary --config "$config" \
       --kube-authorization=true \
+      --kube-audit-policy "$KWOK_WORKDIR/$name.audit.yaml" \
       --kube-apiserver-binary "$bin/kube-apiserver" \
       --kube-controller-manager-binary "$bin/kube-controller-manager" \
       --kube-scheduler-binary "$bin/kube-scheduler" \
@@ -156,7 +169,7 @@ down() {
   "$bin/kwokctl" delete cluster --name "$name" >/dev/null 2>&1 || true
   # kwokctl stops the components it started; make sure nothing of this cluster is left behind.
   pkill -f "$KWOK_WORKDIR/clusters/$name/" 2>/dev/null || true
-  rm -rf "$cluster_dir" "$KWOK_WORKDIR/$name.kwok.yaml" "$KWOK_WORKDIR/$name.create.log"
+  rm -rf "$cluster_dir" "$KWOK_WORKDIR/$name.kwok.yaml" "$KWOK_WORKDIR/$name.create.log" "$KWOK_WORKDIR/$name.audit.yaml"
   log "cluster $name removed"
 }
 

@@ -76,10 +76,12 @@ PANELS: tuple[PanelSpec, ...] = (
         (
             ('sum(tidal_supernode_gpus{state="failed"})', "failed GPUs"),
             ("sum(increase(tidal_restarts_total[15m]))", "restarts per 15m"),
+            ("sum(increase(tidal_lost_pods_deleted_total[15m]))", "pods of lost nodes deleted per 15m"),
             ("max(tidal_nodes_not_ready)", "nodes NotReady"),
             ("max(tidal_mass_not_ready)", "mass NotReady (restarts held)"),
         ),
-        description="GPUs on NotReady or missing nodes, workload restarts after failures, NotReady nodes, and 1 "
+        description="GPUs on NotReady or missing nodes, workload restarts after failures, pods force-deleted "
+        "from gone or fenced nodes, NotReady nodes, and 1 "
         "while most nodes are NotReady at once (a control-plane outage: NotReady alone restarts nothing).",
     ),
     PanelSpec(

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from tidal.clock import parse_time
 from tidal.k8s.admission import is_queued
+from tidal.k8s.cycle import LOST_PODS_DELETED
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.training import allocations
 from tidal.placement.defrag import stranded_free_gpus
@@ -78,6 +79,11 @@ class Metrics:
             "tidal_checkpoint_wait_seconds", "From checkpoint request to eviction", buckets=WAIT_BUCKETS, registry=r
         )
         self.restarts = PromCounter("tidal_restarts_total", "Workload restarts after failures", registry=r)
+        self.pods_forced = PromCounter(
+            "tidal_lost_pods_deleted_total",
+            "Pods deleted by force (grace 0) because their node is gone or fenced (NotReady, out-of-service)",
+            registry=r,
+        )
         self.cycle = Histogram(
             "tidal_cycle_duration_seconds",
             "Duration of one controller cycle",
@@ -132,6 +138,8 @@ class Metrics:
                 self.preemptions.labels(reason="priority").inc(n)
             elif key == "restarts":
                 self.restarts.inc(n)
+            elif key == LOST_PODS_DELETED:
+                self.pods_forced.inc(n)
             elif key == "defrag_moves":
                 self.defrag_moves.inc(n)
             elif key.startswith("evictions:"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,26 @@ def running_operator(operator: OperatorProcess) -> OperatorProcess:
     if operator.proc is None or operator.proc.poll() is not None:
         operator.start()
     return operator
+
+
+@pytest.fixture
+def restore_nodes(kube: Kube):
+    yield
+    manifests = subprocess.run(
+        [sys.executable, "-m", "tidal", "fleet", "--shape", "nvl72", "--supernodes", "8"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    kube.run("apply", "--server-side", "--force-conflicts", "-f", "-", input=manifests)
+    eventually(
+        lambda: (
+            all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                for n in kube.get("nodes")["items"]
+            )
+            and len(kube.get("nodes")["items"]) == 144
+        ),
+        timeout=90,
+        what="all 144 nodes back and Ready",
+    )

@@ -24,7 +24,6 @@ from ..evictions import rebalanced_past_grace
 from .kube import REPO, Kube, eventually
 from .operator_process import OperatorProcess
 from .test_operator import TEMPLATE, assert_gangs_sound, node_supernodes, pods_of, status, submit
-from .test_operator import restore_nodes as restore_nodes  # a fixture, used by name
 
 FIXTURES = REPO / "tests" / "fixtures" / "third_party" / "nvidia-dra-driver-gpu"
 CRDS = [

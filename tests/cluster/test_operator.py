@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections import Counter
 
-import pytest
 import yaml
 
 from tidal.k8s.compact import from_wire
@@ -70,29 +67,6 @@ def assert_gangs_sound(kube: Kube) -> None:
         if (p["metadata"]["namespace"], p["metadata"]["ownerReferences"][0]["uid"]) not in jobs
     ]
     assert not orphans, f"orphaned pods: {orphans}"
-
-
-@pytest.fixture
-def restore_nodes(kube: Kube):
-    yield
-    manifests = subprocess.run(
-        [sys.executable, "-m", "tidal", "fleet", "--shape", "nvl72", "--supernodes", "8"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    kube.run("apply", "--server-side", "--force-conflicts", "-f", "-", input=manifests)
-    eventually(
-        lambda: (
-            all(
-                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
-                for n in kube.get("nodes")["items"]
-            )
-            and len(kube.get("nodes")["items"]) == 144
-        ),
-        timeout=90,
-        what="all 144 nodes back and Ready",
-    )
 
 
 def test_supernodes_discovered_with_live_status(kube: Kube, running_operator: OperatorProcess):

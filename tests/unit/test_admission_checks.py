@@ -450,6 +450,50 @@ def test_pods_of_a_deleted_or_fenced_node_are_force_deleted():
     assert cluster.status("TrainingJob", "ml", "job")["phase"] == "Running"
 
 
+def test_a_pod_deleted_with_a_grace_period_is_forced_once_its_node_is_fenced():
+    # Issue 34: the group's pods were deleted with a grace period while the node was only
+    # NotReady; once it is fenced nothing will confirm that delete, and the rank's new pod (its
+    # name is fixed) waited for the pod GC. No gc() here: tidal forces them itself.
+    cluster = Kubelets("nvl72", 2)
+    cluster.add("TrainingJob", "ml", "job", SPEC)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    lost = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][0]
+    cluster.nodes[lost] = dataclasses.replace(cluster.nodes[lost], ready=False)
+    run(cluster, controller, cycles=3)
+    assert cluster.pods[("ml", "job-0")]["metadata"].get("deletionTimestamp"), "deleted, with a grace period"
+    taint(cluster, lost, Taint("node.kubernetes.io/out-of-service", "nodeshutdown", "NoExecute"))
+    run(cluster, controller, cycles=6)
+    assert [g for name, g in cluster.graces if name == "job-0"].count(0) == 1, "forced once, in the cycle that saw it"
+    status = cluster.status("TrainingJob", "ml", "job")
+    assert status["phase"] == "Running"
+    assert cluster.pods[("ml", "job-0")]["spec"]["nodeName"] in status["placement"][0]["nodes"]
+
+
+def test_a_deleted_job_s_pod_on_a_lost_node_is_forced_though_no_decision_deletes_it():
+    # A job being deleted is not reconciled (the garbage collector deletes its pods, gracefully):
+    # its pod on a node that is then deleted would hold its GPUs and name until the pod GC. The
+    # cycle's sweep of lost nodes forces it.
+    cluster = Kubelets("nvl72", 2)
+    view = cluster.add("TrainingJob", "ml", "job", SPEC)
+    controller = Controller(cluster, FixedClock(START))
+    run(cluster, controller)
+    node = cluster.status("TrainingJob", "ml", "job")["placement"][0]["nodes"][0]
+    cluster.nodes[node] = dataclasses.replace(cluster.nodes[node], ready=False)  # no kubelet confirms
+    stored = cluster.objects[("TrainingJob", "ml", "job")]
+    cluster.objects[("TrainingJob", "ml", "job")] = dataclasses.replace(stored, deleting=True)
+    pod = cluster.pods[("ml", "job-0")]
+    cluster.pods[("ml", "job-0")] = {
+        **pod,
+        "metadata": {**pod["metadata"], "deletionTimestamp": "2026-05-01T00:00:00Z"},
+    }
+    run(cluster, controller, cycles=2)
+    assert not [g for name, g in cluster.graces if name == "job-0"], "a NotReady node's pod is left to its kubelet"
+    del cluster.nodes[node]
+    run(cluster, controller, cycles=2)
+    assert [g for name, g in cluster.graces if name == "job-0"] == [0], view.name
+
+
 def test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete():
     # Review finding: the pod GC reads the taint on NotReady nodes only; on a live node put by
     # mistake it must not make tidal force-delete a pod that is still running there.

@@ -61,6 +61,8 @@ class Server:
     def __init__(self, script: list[int | str], hang_seconds: float = 5.0):
         self.script = list(script)
         self.served: list[int | str] = []
+        self.deletes: list[tuple[str, dict, str]] = []
+        """Each DELETE as received: its path with query, its JSON body, its User-Agent."""
         self.hang_seconds = hang_seconds
         self.stop = threading.Event()
         owner = self
@@ -81,6 +83,16 @@ class Server:
                 self.send_header("Content-Length", str(len(body)))
                 if step == 429:
                     self.send_header("Retry-After", "0")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_DELETE(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                owner.deletes.append((self.path, json.loads(raw or b"{}"), self.headers.get("User-Agent", "")))
+                body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -178,3 +190,18 @@ def test_retries_stop_at_the_call_budget(server, tmp_path):
     # A third attempt would start at about 0.82 s and could end at 1.22 s: past the budget, so it is
     # not made (review finding: the budget was checked only before the backoff sleep).
     assert len(s.served) == 2
+
+
+def test_a_forced_delete_sends_its_grace_period_in_the_body_beside_the_uid_precondition(server, tmp_path):
+    # Issue 34: the API server reads a delete's options from its body when it has one and then
+    # ignores the query's gracePeriodSeconds, so a forced delete sent as a query parameter beside
+    # a uid precondition became the pod's own 30 s grace: a lost node's pod waited for the pod GC.
+    s = server([])
+    api = s.api(tmp_path, RetryPolicy(), [])
+    api.delete_pod("ns", "p", 0, uid="u-1")
+    api.delete_pod("ns", "q")
+    (path, body, agent), (_, plain, _) = s.deletes
+    assert path.startswith("/api/v1/namespaces/ns/pods/p")
+    assert body.get("gracePeriodSeconds") == 0 and body.get("preconditions") == {"uid": "u-1"}, body
+    assert "gracePeriodSeconds" not in plain and "preconditions" not in plain, "the pod's own grace period"
+    assert agent.startswith("tidal/"), "the audit log names the operator's writes"

@@ -26,6 +26,7 @@ NAMES = (
     "tidal_checkpoint_wait_seconds",
     "tidal_hbd_violations_total",
     "tidal_restarts_total",
+    "tidal_lost_pods_deleted_total",
     "tidal_overbooked_gpus",
     "tidal_api_requests",
     "tidal_cycle_duration_seconds",

@@ -39,6 +39,8 @@ LEDGER = "k8s/disruption_ledger.py"
 OUTAGE = "k8s/outage.py"
 MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
+CYCLE = "k8s/cycle.py"
+API = "k8s/api.py"
 CAPACITY = "rebalance/capacity.py"
 RESIZE_COST = "rebalance/resize_cost.py"
 ENGINE = "sim/engine.py"
@@ -94,6 +96,12 @@ SAFETY = {
     # A few NotReady nodes still restart their groups.
     OUTAGE: (ONE_NOT_READY,),
     CONTROLLER: (ONE_NOT_READY,),
+    # A pod on a node that may still run it is never forced.
+    CYCLE: (
+        CHECKS + "test_pods_of_a_not_ready_node_are_not_force_deleted_and_their_group_waits_for_the_fence",
+        CHECKS + "test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete",
+    ),
+    API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
     # tidal's pods keep the accelerator's toleration the GPU nodes' taint needs.
     MANIFESTS: (CHECKS + "test_gpu_nodes_tainted_for_gpu_pods_only_stay_open_and_the_pods_carry_the_toleration",),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
@@ -905,6 +913,28 @@ MUTANTS = [
         "            desired = max(desired, self.bursts.ahead(pool.name, self.burst_quantile))",
         "            pass",
         TIDE + "test_tidal_burst_keeps_warm_replicas_ahead_of_the_bursts_it_has_seen",
+    ),
+    # node loss (issue 34): a lost node's pods go by force in the cycle that sees it
+    Mutant(
+        "a pod deleted with a grace period is forced once its node runs nothing",
+        CYCLE,
+        "if pod.deletion_grace == 0 or pod.uid in self.forced_uids:",
+        "if pod.terminating or pod.uid in self.forced_uids:",
+        CHECKS + "test_a_pod_deleted_with_a_grace_period_is_forced_once_its_node_is_fenced",
+    ),
+    Mutant(
+        "every cycle forces the pods of lost nodes, whichever decision deleted them",
+        CONTROLLER,
+        "        cyc.delete_lost_pods()",
+        "        pass",
+        CHECKS + "test_a_deleted_job_s_pod_on_a_lost_node_is_forced_though_no_decision_deletes_it",
+    ),
+    Mutant(
+        "a delete's grace period travels in its body beside the uid precondition",
+        API,
+        "body = client.V1DeleteOptions(preconditions=preconditions, grace_period_seconds=grace_seconds)",
+        "body = client.V1DeleteOptions(preconditions=preconditions)",
+        "tests/unit/test_api_retry.py::test_a_forced_delete_sends_its_grace_period_in_the_body_beside_the_uid_precondition",
     ),
 ]
 

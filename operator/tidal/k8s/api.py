@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tidal import API_GROUP, API_VERSION
+from tidal import API_GROUP, API_VERSION, __version__
 from tidal.k8s.manifests import controlled_by_owner, service_update
 
 log = structlog.get_logger("tidal")
@@ -117,6 +117,9 @@ def transient(error: BaseException) -> bool:
     return isinstance(error, urllib3.exceptions.HTTPError | OSError)
 
 
+USER_AGENT = f"tidal/{__version__}"
+
+
 def load_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
     configuration = client.Configuration()
     if kubeconfig:
@@ -129,7 +132,10 @@ def load_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.Ap
     configuration.connection_pool_maxsize = pool_size
     # Retries are Api's (RetryPolicy): urllib3's own would retry a timed-out read behind its back.
     configuration.retries = False
-    return client.ApiClient(configuration)
+    api_client = client.ApiClient(configuration)
+    # The API server's audit log and request metrics name the operator's writes by this.
+    api_client.user_agent = USER_AGENT
+    return api_client
 
 
 class Api:
@@ -205,17 +211,13 @@ class Api:
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, uid: str = "") -> None:
         """Delete the pod; with `uid`, only that pod: a 409 says the name now holds another pod,
-        so the one meant is gone, as with a 404."""
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
+        so the one meant is gone, as with a 404. The grace period goes in the body with the
+        precondition: the API server reads a delete's options from its body when it has one and
+        then ignores the query's gracePeriodSeconds (a forced delete became the pod's own 30 s)."""
+        preconditions = client.V1Preconditions(uid=uid) if uid else None
+        body = client.V1DeleteOptions(preconditions=preconditions, grace_period_seconds=grace_seconds)
         try:
-            self._call(
-                "delete_pod",
-                self.core.delete_namespaced_pod,
-                name,
-                namespace,
-                body=body,
-                grace_period_seconds=grace_seconds,
-            )
+            self._call("delete_pod", self.core.delete_namespaced_pod, name, namespace, body=body)
         except ApiException as e:
             if e.status not in (404, 409):
                 raise

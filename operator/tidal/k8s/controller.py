@@ -107,6 +107,7 @@ class Controller:
         self.settings = settings or ControllerSettings()
         self.writer = StatusWriter(api)
         self.deleted_uids: set[str] = set()
+        self.forced_uids: set[str] = set()
         self.demand = DemandTracker(self.settings.rebalance.stabilization_window)
         self.last_report = CycleReport()
         self.cycles = 0
@@ -361,6 +362,7 @@ class Controller:
         self._book(statuses, pools, {m.accelerator for m in members.values()})
         snapshot = self.keeper.refresh(cache, dirty_nodes)
         self.deleted_uids &= cache.pod_uids  # forget pods that are gone for good
+        self.forced_uids &= cache.pod_uids
         cache.forget_departed(set(statuses) | set(pools))
         cyc = Cycle(
             cache,
@@ -370,6 +372,7 @@ class Controller:
             self.writer,
             now,
             deleted_uids=self.deleted_uids,
+            forced_uids=self.forced_uids,
             pending_memo=self.pending_memo,
             held_before=dict(self.holds),
             holds_mark=hash(frozenset(self.holds.items())),
@@ -393,6 +396,8 @@ class Controller:
         waiting.update(uid for uid, (view, _) in pools.items() if not view.deleting)
         for uid in [u for u in cyc.held_before if u not in waiting]:
             cyc.release_hold(uid)
+        # Before any decision: a restart that finds these pods terminating does not delete them again.
+        cyc.delete_lost_pods()
         book_return_rooms(cyc, statuses)  # before any recovery, pool or admission could take them
         log.debug(
             "cycle",
@@ -453,6 +458,7 @@ class Controller:
         self.domains_deleted = frozenset(applied.deleted_domains)
         for delete in applied.failed_pod_deletes:
             cyc.deleted_uids.discard(delete.uid)
+            cyc.forced_uids.discard(delete.uid)
         self._update_supernodes(cyc)
         supernodes_written = time.monotonic()
         self.nudger.nudge(self.api, chain(cache.jobs.values(), cache.pools.values(), cache.supernodes.values()))

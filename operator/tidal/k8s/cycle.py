@@ -22,13 +22,16 @@ from tidal.k8s.cache import Membership
 from tidal.k8s.labels import GANG_GATE
 from tidal.k8s.priority import Priorities
 from tidal.k8s.quota import Quotas
-from tidal.k8s.state import PodView, ResourceView
+from tidal.k8s.state import PodView, ResourceView, runs_nothing
 from tidal.k8s.status import StatusWriter
-from tidal.k8s.taints import Toleration, closed, out_of_service, tolerations_of, untolerated
+from tidal.k8s.taints import Toleration, closed, tolerations_of, untolerated
 from tidal.placement.leftover import GroupDemand
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
+
+LOST_PODS_DELETED = "lost_pods_deleted"
+"""Counter key: pods deleted by force as their node runs nothing (tidal_lost_pods_deleted_total)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ class Cycle:
     now: dt.datetime
     deleted_uids: set[str] = field(default_factory=set)
     """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
+    forced_uids: set[str] = field(default_factory=set)
+    """Of those, the ones deleted by force (`delete_pod`); kept across cycles."""
     plan: ActionPlan = field(default_factory=ActionPlan)
     """What this cycle decided to change, applied by k8s/write.py after the decisions."""
     placements_ms: list[float] = field(default_factory=list)
@@ -221,20 +226,33 @@ class Cycle:
         self.plan.annotations.append((kind, namespace, name, annotations))
 
     def delete_pod(self, pod: PodView, grace_seconds: int | None = None) -> None:
-        """Delete once. Forced (grace 0) only when no kubelet can still run the pod: its node
-        object is gone, or it is NotReady with the out-of-service taint (an admin fenced it). A NotReady node
-        may be merely partitioned and still running the pod: its delete waits for the kubelet (or
-        a fence), and as pod names are fixed per rank, no second copy is made meanwhile."""
+        """Delete once. Forced (grace 0) when no kubelet can still run the pod (`runs_nothing`),
+        even if it is already terminating with a grace period (deleted before its node was lost
+        or fenced, by this operator or anyone): nothing would ever confirm that delete, and as
+        pod names are fixed per rank, the rank's new pod waits for it. A NotReady node may be
+        merely partitioned and still running the pod: its delete waits for the kubelet (or a
+        fence), so no second copy of a rank is made meanwhile."""
+        if runs_nothing(self.state.nodes.get(pod.node or "")):
+            if pod.deletion_grace == 0 or pod.uid in self.forced_uids:
+                return
+            self.forced_uids.add(pod.uid)
+            self.count(LOST_PODS_DELETED)
+            self.deleted_uids.add(pod.uid)
+            self.pod_deletes.append(PodDelete(pod.namespace, pod.name, 0, pod.uid))
+            return
         if pod.terminating or pod.uid in self.deleted_uids:
             return
-        node = self.state.nodes.get(pod.node or "")
-        # The out-of-service taint counts on a NotReady node only, as the pod GC reads it: put on
-        # a live node by mistake it must not make two copies of a rank.
-        fenced = node is None or (out_of_service(node.taints) and not node.ready)
-        # Otherwise a caller's "at once" becomes the shortest grace that still waits for the kubelet.
-        grace = 0 if fenced else 1 if grace_seconds == 0 else grace_seconds
+        # A caller's "at once" becomes the shortest grace that still waits for the kubelet.
+        grace = 1 if grace_seconds == 0 else grace_seconds
         self.deleted_uids.add(pod.uid)
         self.pod_deletes.append(PodDelete(pod.namespace, pod.name, grace, pod.uid))
+
+    def delete_lost_pods(self) -> None:
+        """Force every tidal pod bound to a node that runs nothing, in the first cycle that sees
+        it, whichever decision (a restart, a shrink, a deletion) or outside actor asked for it or
+        will: a decision that finds it terminating does not ask again."""
+        for pod in self.state.pods_on_lost_nodes():
+            self.delete_pod(pod, 0)
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from tidal import API_GROUP
 from tidal.k8s import labels
-from tidal.k8s.taints import Taint, closed, taints_of
+from tidal.k8s.taints import Taint, closed, out_of_service, taints_of
 from tidal.placement.compute_domains import CLAIM_NAME
 
 
@@ -31,6 +31,14 @@ class NodeView:
     ready: bool
     unschedulable: bool
     taints: tuple[Taint, ...] = ()
+
+
+def runs_nothing(node: NodeView | None) -> bool:
+    """No kubelet can still run a pod bound there: its Node object is gone, or it is NotReady with
+    the out-of-service taint (an admin fenced it). The taint counts on a NotReady node only, as
+    the pod GC reads it: put on a live node by mistake it must not make two copies of a rank. A
+    pod bound there is deleted by force (k8s/cycle.py): no kubelet would ever confirm its end."""
+    return node is None or (out_of_service(node.taints) and not node.ready)
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,8 @@ class PodView:
     """Why something outside the pod ended it ("TerminationByKubelet: ..."), from its
     DisruptionTarget=True condition (the Eviction API, taint manager, scheduler preemption, graceful
     node shutdown); None when it was not disrupted, or was evicted for node pressure."""
+    deletion_grace: int | None = None
+    """metadata.deletionGracePeriodSeconds of a terminating pod: 0 once it was deleted by force."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -196,6 +206,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         gated=bool(spec.get("schedulingGates")),
         terminating=bool(meta.get("deletionTimestamp")),
         requests=requests,
+        deletion_grace=meta.get("deletionGracePeriodSeconds") if meta.get("deletionTimestamp") else None,
         owner=owner,
         owner_uid=controller[2] if controller else "",
         priority_class=spec.get("priorityClassName") or None,  # an empty name is no class to the API server
@@ -248,6 +259,11 @@ class ClusterState:
     """(namespace, name) -> tidal.k8s.quota.QuotaView of every ResourceQuota."""
 
     _by_owner: dict[tuple[str, str | None, str], list[PodView]] | None = field(default=None, repr=False)
+
+    def pods_on_lost_nodes(self) -> list[PodView]:
+        """Bound pods of tidal workloads on nodes that run nothing (`runs_nothing`); the watch
+        cache keeps an index for this."""
+        return [p for p in self.pods.values() if p.owner and p.bound and runs_nothing(self.nodes.get(p.node or ""))]
 
     @property
     def tainted(self) -> set[str]:

@@ -35,7 +35,7 @@ from tidal.k8s import labels
 from tidal.k8s.cache import Membership, membership_of, node_states, supernode_states
 from tidal.k8s.priority import PriorityClassView
 from tidal.k8s.quota import QuotaView
-from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView
+from tidal.k8s.state import ClusterState, NodeView, PodView, ResourceView, runs_nothing
 from tidal.k8s.taints import closed
 from tidal.topology.snapshot import ClusterSnapshot, NodeState, SupernodeState
 
@@ -75,6 +75,8 @@ class WatchCache:
         self._by_owner_uid: dict[str, dict[tuple[str, str], PodView]] = {}
         """Controlling workload uid -> its pods, for pods that outlive their workload."""
         self.pod_uids: set[str] = set()
+        self._tidal_bound_on: dict[str, dict[tuple[str, str], PodView]] = {}
+        """Node -> the bound pods of tidal workloads there (`pods_on_lost_nodes`)."""
         self.departed: dict[tuple[str, str], PodView] = {}
         """(namespace, name) -> the last view (the DELETED event's final state) of a deleted
         TrainingJob pod marked DisruptionTarget, until a pod of that name comes again or its job is
@@ -295,6 +297,14 @@ class WatchCache:
             self.pod_uids.add(pod.uid)
         else:
             self.pod_uids.discard(pod.uid)
+        if pod.owner is not None and pod.bound and pod.node:
+            on_node = self._tidal_bound_on.setdefault(pod.node, {})
+            if sign > 0:
+                on_node[pod.key] = pod
+            else:
+                on_node.pop(pod.key, None)
+                if not on_node:
+                    del self._tidal_bound_on[pod.node]
         if pod.owner is None and pod.bound and pod.active and pod.node:
             held = self.other_held.setdefault(pod.node, Counter())
             for resource, n in pod.requests.items():
@@ -303,6 +313,13 @@ class WatchCache:
 
     def pods_of(self, kind: str, namespace: str | None, name: str) -> list[PodView]:
         return list(self._by_owner.get((kind, namespace, name), {}).values())
+
+    def pods_on_lost_nodes(self) -> list[PodView]:
+        """As ClusterState.pods_on_lost_nodes, from the index: the nodes holding tidal pods that
+        are gone, and the NotReady ones fenced (a cycle's cost is one set difference)."""
+        lost = self._tidal_bound_on.keys() - self.nodes.keys()
+        lost.update(n for n in self.not_ready if n in self._tidal_bound_on and runs_nothing(self.nodes.get(n)))
+        return [pod for node in sorted(lost) for pod in self._tidal_bound_on[node].values()]
 
     def owner_uids(self) -> list[str]:
         """uids of the workloads that control a pod in the cache (live or gone)."""
