@@ -203,6 +203,12 @@ def test_valid_objects_of_each_kind_are_accepted_with_defaults(kube: Kube, names
             "spec.load.prometheus.server",
             "is required",
         ),
+        # Stored, it could never read its load (the operator reported it in status only; issue 34).
+        (
+            inference_pool("prometheus-no-query", load={"targetPerReplica": 10, "source": "Prometheus"}),
+            "spec.load.prometheus",
+            "is required when source is Prometheus",
+        ),
         (training_job("tpl-no-name", template=pod_spec(containers=[{"image": "busybox"}])), "name", "Required value"),
         # An empty window (start == end) was accepted and never open: an all-day floor silently absent.
         (

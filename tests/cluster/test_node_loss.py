@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.recovery import NAMESPACE, run_on, table
+
 from tidal.k8s.api import USER_AGENT
 
 from .kube import Kube, eventually
@@ -202,3 +204,15 @@ def test_a_fenced_node_s_pods_go_at_once(kube: Kube, running_operator: OperatorP
     finally:
         watch.stop()
         heal(kube, node)
+
+
+def test_bench_recovery_smoke(kube: Kube, running_operator: OperatorProcess):
+    """`python -m bench.recovery`'s scenarios on the session cluster, its gang 256 GPUs: every
+    figure is printed and each job came back Running off the lost node (run_on waits for that)."""
+    result = run_on(kube, 8, 64)
+    print("\n" + table({"scenarios": result}))
+    assert set(result) == {"group_deleted", "gang_deleted", "group_fenced", "gang_fenced"}
+    for figures in result.values():
+        assert figures["fresh_start_s"] > 0 and figures["lost_to_running_s"] >= figures["lost_to_replaced_s"] > 0
+    assert result["gang_deleted"]["gpus"] == 256 and result["group_deleted"]["gpus"] == 128
+    kube.delete("namespace", NAMESPACE)

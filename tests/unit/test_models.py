@@ -77,6 +77,11 @@ def test_inference_pool_validation():
         {"maxReplicas": 2, "gpusPerPod": 1, "template": {}, "schedule": {"timezone": "Mars/Olympus"}},
     )
     assert tz[0].startswith("spec.schedule.timezone: ") and "Mars/Olympus" in tz[0]
+    assert "valid names are IANA tz database names such as UTC" in tz[0], "says which names are valid"
+    near = errors_of(
+        InferencePoolSpec, {"maxReplicas": 2, "gpusPerPod": 1, "template": {}, "schedule": {"timezone": "Europe/Pari"}}
+    )
+    assert "did you mean Europe/Paris" in near[0], near
     window = errors_of(
         InferencePoolSpec,
         {

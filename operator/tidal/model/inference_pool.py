@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from pydantic import Field, field_validator, model_validator
 
@@ -54,8 +55,19 @@ class ScheduleSpec(ApiModel):
         try:
             ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError) as e:
-            raise ValueError(f"unknown time zone {tz!r}") from e
+            raise ValueError(unknown_zone(tz)) from e
         return tz
+
+
+def unknown_zone(tz: str) -> str:
+    """Why a time zone is refused, with the names nearest to it: the operator's status says it (the
+    API server cannot check an IANA name) and a user should not have to guess the spelling."""
+    near = difflib.get_close_matches(tz, sorted(available_timezones()), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(near)}? " if near else ""
+    return (
+        f"unknown time zone {tz!r}: {hint}valid names are IANA tz database names such as UTC, "
+        "Europe/Paris, America/New_York or Asia/Shanghai (the full list: `timedatectl list-timezones`)"
+    )
 
 
 LOAD_SOURCE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -109,8 +121,24 @@ class PrometheusSource(ApiModel):
         return self
 
 
+PROMETHEUS_REQUIRED = "spec.load.prometheus: is required when source is Prometheus"
+
+
 class LoadSpec(ApiModel):
     """Live load signal: replicas = ceil(current rate / target rate per replica)."""
+
+    # The API server refuses it too: stored, such a pool could never read its load.
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.source) || self.source != 'Prometheus' || has(self.prometheus)",
+                    "message": PROMETHEUS_REQUIRED,
+                    "fieldPath": ".prometheus",
+                }
+            ]
+        }
+    }
 
     target_per_replica: float = Field(gt=0, description="Requests per second one replica should serve.")
     source: Literal["Annotation", "Prometheus"] = Field(
@@ -123,7 +151,7 @@ class LoadSpec(ApiModel):
     @model_validator(mode="after")
     def _source_configured(self) -> LoadSpec:
         if self.source == "Prometheus" and self.prometheus is None:
-            raise ValueError("spec.load.prometheus: is required when source is Prometheus")
+            raise ValueError(PROMETHEUS_REQUIRED)
         return self
 
 
