@@ -43,6 +43,7 @@ CYCLE = "k8s/cycle.py"
 API = "k8s/api.py"
 CAPACITY = "rebalance/capacity.py"
 RESIZE_COST = "rebalance/resize_cost.py"
+DEMAND = "rebalance/demand.py"
 ENGINE = "sim/engine.py"
 SIM_POLICIES = "sim/policies.py"
 COST_TESTS = "tests/unit/test_resize_cost.py::"
@@ -116,6 +117,8 @@ SAFETY = {
         COST_TESTS + "test_a_live_shrink_stays_the_cheapest_way",
     ),
     RESIZE_COST: (COST_TESTS + "test_without_costs_the_shrink_stage_comes_first",),
+    # Training still grows back at night and the day pool still gets its replicas.
+    DEMAND: (REBALANCE + "test_compressed_day_checkpoint_before_eviction_and_back_at_night",),
     # The simulator still conserves GPUs and jobs at every event, Live resizes included.
     ENGINE: SIM_CONSERVED,
     SIM_POLICIES: SIM_CONSERVED,
@@ -935,6 +938,21 @@ MUTANTS = [
         "body = client.V1DeleteOptions(preconditions=preconditions, grace_period_seconds=grace_seconds)",
         "body = client.V1DeleteOptions(preconditions=preconditions)",
         "tests/unit/test_api_retry.py::test_a_forced_delete_sends_its_grace_period_in_the_body_beside_the_uid_precondition",
+    ),
+    # the operator's grow-back weighs its cost (issue 33)
+    Mutant(
+        "the operator grows back only when the added replicas' work pays for the restarts",
+        REGROW,
+        "if not _grow_pays(cyc, view, shape, bigger, pools or {}):",
+        "if False:",
+        REBALANCE + "test_a_grow_back_that_the_schedule_would_take_back_before_it_pays_waits",
+    ),
+    Mutant(
+        "a floor unmet now is today's shortfall, not the schedule's coming rise",
+        DEMAND,
+        "base = [max(pool.placed, floor_at(pool, now)) for pool in pools]",
+        "base = [pool.placed for pool in pools]",
+        REBALANCE + "test_a_pool_nothing_is_being_freed_for_holds_no_training_back_from_growing",
     ),
 ]
 

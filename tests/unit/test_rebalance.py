@@ -13,7 +13,14 @@ from tidal.k8s import rebalancing
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.rebalancing import RebalanceSettings
 from tidal.placement import GangRequest, PlacementPlan, RunningGang, apply_plan, plan_gang
-from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
+from tidal.rebalance import (
+    DemandTracker,
+    ScheduledPool,
+    desired_replicas,
+    plan_capacity,
+    schedule_floor,
+    scheduled_rise_s,
+)
 from tidal.topology import build_fleet, snapshot_from_fleet
 
 from .fake_cluster import FakeCluster
@@ -244,6 +251,53 @@ def test_compressed_day_checkpoint_before_eviction_and_back_at_night():
     assert pool()["placedReplicas"] == 0 and not cluster.pods_of("tidal.dev/pool", "chat")
     assert job()["currentDP"] == 4 and job()["phase"] == "Running", "training grows back at night"
     assert len(cluster.pods_of("tidal.dev/job", "pretrain")) == 64
+    check_sound(cluster)
+
+
+def test_a_schedule_rise_is_seen_from_what_pools_hold_or_ask_now():
+    day = {"tp": 8, "maxReplicas": 16, "schedule": {"windows": [{"start": "08:00", "end": "23:00", "minReplicas": 12}]}}
+    night = at("06:00")
+    # 12 replicas of 8 GPUs at 08:00: seen at the first 10-minute step at or past it.
+    assert scheduled_rise_s([ScheduledPool(day, placed=0)], night, spare_gpus=8, horizon_s=12 * 3600) == 7200
+    assert scheduled_rise_s([ScheduledPool(day, placed=0)], night, spare_gpus=96, horizon_s=12 * 3600) == 12 * 3600
+    # By day the floor is asked already: held or not, it is no coming rise.
+    assert scheduled_rise_s([ScheduledPool(day, placed=4)], at("09:00"), 0, 6 * 3600) == 6 * 3600
+    assert scheduled_rise_s([ScheduledPool({"tp": 8, "maxReplicas": 2}, placed=0)], night, 0, 3600) == 3600
+
+
+def test_a_grow_back_that_the_schedule_would_take_back_before_it_pays_waits():
+    # Issue 33: a grow-back restarts the job and the schedule's next window shrinks it again
+    # (another restart): it waits when the added replicas would not work long enough to pay for
+    # both (ResizeCosts.grow_pays, ~38 min here), and the GPUs stay free for the window.
+    cluster = day_cluster()
+    pool = cluster.get("InferencePool", "serve", "chat")
+    late = {"start": "23:30", "end": "23:50", "minReplicas": 12}
+    schedule = {**pool.spec["schedule"], "windows": [*pool.spec["schedule"]["windows"], late]}
+    cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(
+        pool, spec={**pool.spec, "schedule": schedule}
+    )
+    clock = FixedClock(at("06:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    run(cluster, controller)
+    clock.at = at("08:00")
+    run(cluster, controller)
+    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
+    run(cluster, controller)
+    job = lambda: cluster.status("TrainingJob", "ml", "pretrain")  # noqa: E731
+    assert job()["currentDP"] == 3
+    evictions = len(job()["evictionHistory"])
+    clock.at = at("23:05")
+    run(cluster, controller, cycles=4)
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 0
+    assert job()["currentDP"] == 3, "not grown back 25 minutes before the next window takes it again"
+    clock.at = at("23:30")
+    run(cluster, controller)
+    assert cluster.get("InferencePool", "serve", "chat").status["placedReplicas"] == 12
+    assert len(job()["evictionHistory"]) == evictions, "the window opened on free GPUs: nothing evicted"
+    clock.at = at("23:56")  # the late window closed and its stabilization passed; next one at 08:00
+    run(cluster, controller, cycles=4)
+    assert job()["currentDP"] == 4, "grown back for the night"
     check_sound(cluster)
 
 

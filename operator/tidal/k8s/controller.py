@@ -446,7 +446,7 @@ class Controller:
         rebalance = self.settings.rebalance
         defrag_budget = (lambda: budget_left(cyc, statuses, rebalance)) if self.settings.defragment else None
         admit_queued(cyc, statuses, defrag_budget)
-        expand_elastic(cyc, statuses, self.settings.rebalance, pools_waiting)
+        expand_elastic(cyc, statuses, self.settings.rebalance, pools_waiting, pools)
         tell_called_off(cyc, statuses)  # after every plan that might have taken one over
         free_untaken_rooms(cyc)
         self.holds = cyc.holds

@@ -36,13 +36,23 @@ from tidal.k8s.training import (
     start_eviction,
     summary_fields,
 )
+from tidal.model.training_job import DEFAULT_ACCELERATOR
 from tidal.placement import GangRequest, GangShape, PlacementPlan, apply_plan, plan_gang
-from tidal.rebalance import DemandTracker, desired_replicas, plan_capacity, schedule_floor
-from tidal.rebalance.resize_cost import ResizeCosts
+from tidal.rebalance import (
+    DemandTracker,
+    ScheduledPool,
+    desired_replicas,
+    plan_capacity,
+    schedule_floor,
+    scheduled_rise_s,
+)
+from tidal.rebalance.resize_cost import ResizeCosts, ResizeKind
 
 Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
 
 RESIZE_COSTS = ResizeCosts()
+GROW_HORIZON = dt.timedelta(hours=12)
+"""How far ahead a grow-back looks for the pools' schedules wanting its GPUs back (as the simulator)."""
 """Checkpoint and restart costs by default (a job's own are not known to the operator)."""
 
 
@@ -257,11 +267,18 @@ def _grow(
 
 
 def expand_elastic(
-    cyc: Cycle, jobs: Statuses, settings: RebalanceSettings, pools_waiting: Collection[str] = ()
+    cyc: Cycle,
+    jobs: Statuses,
+    settings: RebalanceSettings,
+    pools_waiting: Collection[str] = (),
+    pools: Statuses | None = None,
 ) -> None:
     """Grow shrunk elastic jobs back towards spec.dp when their replicas fit in free GPUs, except on
-    an accelerator where a pool waits for GPUs being freed (`rebalance_pools`). Replicas given back
-    for a defragmentation move grow back first, onto the room kept for them (`_regrow_into_room`)."""
+    an accelerator where a pool waits for GPUs being freed (`rebalance_pools`), and only by as many
+    replicas as pay for the grow-back (`_grow_pays`: the work they do before the `pools`'
+    schedules want the GPUs back outweighs the restart, and the shrink that gives them back).
+    Replicas given back for a defragmentation move grow back first, onto the room kept for them
+    (`_regrow_into_room`)."""
     for view, status in sorted(jobs.values(), key=lambda i: (-cyc.priorities.of(i[0]), i[0].created)):
         if view.deleting or status.get("eviction") or view.spec.get("suspend"):
             continue
@@ -290,6 +307,8 @@ def expand_elastic(
             bigger = GangShape.of(view.spec, dp)
             if cyc.quotas.problem(view, bigger.world_size - shape.world_size):
                 continue  # grown only within the namespace's GPU quota
+            if not _grow_pays(cyc, view, shape, bigger, pools or {}):
+                continue  # a smaller grow-back stalls the job as long and may still pay
             request = _growth_request(cyc, view, status, shape, bigger)
             with cyc.tolerating(view.spec.get("template")):
                 plan = plan_gang(cyc.snapshot, request, cyc.demand)
@@ -299,6 +318,26 @@ def expand_elastic(
             if isinstance(plan, PlacementPlan):
                 _grown(cyc, jobs, view, status, shape, bigger, plan, "free GPUs")
                 break
+
+
+def _grow_pays(cyc: Cycle, view: ResourceView, shape: GangShape, bigger: GangShape, pools: Statuses) -> bool:
+    """The pure core's rule (ResizeCosts.grow_pays), as the simulator applies it: the added GPUs'
+    work until the accelerator's pool schedules ask for more than the free GPUs left after the
+    grow-back (`scheduled_rise_s`, the operator's forecast; the job's own end is not known) must
+    outweigh the grow-back's stall, plus the shrink that gives them back if they ask before the
+    horizon. Every operator job resizes by restart until spec.elastic.resize exists (issue 35)."""
+    accelerator = view.spec.get("accelerator", DEFAULT_ACCELERATOR)
+    added = bigger.world_size - shape.world_size
+    scheduled = [
+        ScheduledPool(pool.spec, status.get("placedReplicas", 0))
+        for pool, status in pools.values()
+        if pool.spec.get("accelerator", DEFAULT_ACCELERATOR) == accelerator and not pool.deleting
+    ]
+    horizon = GROW_HORIZON.total_seconds()
+    calm = scheduled_rise_s(scheduled, cyc.now, cyc.snapshot.free_gpus_of(accelerator) - added, horizon)
+    return RESIZE_COSTS.grow_pays(
+        ResizeKind.RESTART, shape.world_size, added, shape.replica_gpus, calm, shrunk_again=calm < horizon
+    )
 
 
 def _growth_request(

@@ -40,6 +40,48 @@ def schedule_floor(schedule: dict | None, min_replicas: int, now: dt.datetime) -
     return max(best, min_replicas), why
 
 
+SCHEDULE_STEP = dt.timedelta(minutes=10)
+"""How finely `scheduled_rise_s` walks the schedules (a window opens at a minute of the day; a
+rise is seen at most this late, and a grow-back looks this much less far)."""
+
+
+@dataclass(frozen=True)
+class ScheduledPool:
+    """What a pool's schedule will ask of the GPUs: its spec (API field names) and what it holds."""
+
+    spec: dict
+    placed: int
+    """Replicas it holds now."""
+
+    @property
+    def replica_gpus(self) -> int:
+        return self.spec.get("tp", 1) * self.spec.get("ep", 1)
+
+
+def scheduled_rise_s(pools: list[ScheduledPool], now: dt.datetime, spare_gpus: int, horizon_s: float) -> float:
+    """Seconds until the pools' schedule floors rise by more GPUs than `spare_gpus` (the free GPUs
+    a decision leaves), or `horizon_s` if not before then. A rise is counted from what a pool
+    holds or its floor asks now, whichever is more: a floor unmet now (a pool that does not fit)
+    is today's shortfall, not the schedule's coming demand. The operator's only forecast: the
+    schedule is what the pool's owner said the day will ask for (its live load is not foreseen).
+    A grow-back weighs its cost against the work it does until then (`ResizeCosts.grow_pays`)."""
+
+    def floor_at(pool: ScheduledPool, at: dt.datetime) -> int:
+        floor, _ = schedule_floor(pool.spec.get("schedule"), pool.spec.get("minReplicas", 0), at)
+        return min(floor, pool.spec.get("maxReplicas", floor))
+
+    base = [max(pool.placed, floor_at(pool, now)) for pool in pools]
+    steps = int(horizon_s // SCHEDULE_STEP.total_seconds())
+    for k in range(1, steps + 1):
+        at = now + k * SCHEDULE_STEP
+        wanted = 0
+        for pool, held in zip(pools, base, strict=True):
+            wanted += max(floor_at(pool, at) - held, 0) * pool.replica_gpus
+        if wanted > spare_gpus:
+            return k * SCHEDULE_STEP.total_seconds()
+    return horizon_s
+
+
 def desired_replicas(spec: dict, now: dt.datetime, current_rate: float | None) -> tuple[int, str]:
     """Unstabilized desired replicas and the reason, from a pool spec (API field names).
 

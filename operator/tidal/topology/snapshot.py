@@ -258,6 +258,10 @@ class ClusterSnapshot:
     def free_gpus(self) -> int:
         return sum(self._free_total.values())
 
+    def free_gpus_of(self, accelerator: str) -> int:
+        """Free non-spare GPUs of the accelerator's supernodes, from the buckets (no node scan)."""
+        return sum(free * len(members) for free, members in self._free_buckets.get(accelerator, {}).items())
+
 
 @dataclass(frozen=True, slots=True)
 class SupernodeTotals:
