@@ -66,8 +66,8 @@ def job(name: str, tp: int, ep: int, pp: int, dp: int, scope: str) -> dict[str, 
 class Cluster:
     """The objects a scenario reads, through one client (kubectl per poll would cost more than it times)."""
 
-    def __init__(self, kube: Kube):
-        self.kube = kube
+    def __init__(self, kube: Kube, nodes: int):
+        self.kube, self.nodes = kube, nodes
         api = load_client(str(kube.kubeconfig), pool_size=4)
         self.core, self.custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
 
@@ -77,6 +77,14 @@ class Cluster:
     def phase(self, name: str) -> str | None:
         body = self.custom.get_namespaced_custom_object("tidal.dev", "v1alpha1", NAMESPACE, "trainingjobs", name)
         return (body.get("status") or {}).get("phase")
+
+    def settled(self) -> bool:
+        nodes = self.core.list_node().items
+        ready = all(
+            any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) and not n.spec.taints
+            for n in nodes
+        )
+        return ready and len(nodes) == self.nodes and not self.core.list_namespaced_pod(NAMESPACE).items
 
     def running(self, name: str, pods: int, off: str | None = None) -> bool:
         found = self.pods(name)
@@ -102,6 +110,9 @@ def scenario(cluster: Cluster, name: str, body: dict[str, Any], fenced: bool, re
     spec = body["spec"]
     pods = spec["tp"] * spec["ep"] * spec["pp"] * spec["dp"] // spec["gpusPerPod"]
     kube = cluster.kube
+    # The cluster whole again first (the last scenario's node back and Ready, its job's pods
+    # gone): a fresh start that waits for GPUs would not be the floor.
+    poll(cluster.settled, 600, "every node Ready and no pod left")
     t0 = time.monotonic()
     kube.apply(body)
     fresh = poll(lambda: cluster.running(name, pods), 600, f"{name} Running") - t0
@@ -149,7 +160,7 @@ def scenarios(gang_pods: int) -> dict[str, tuple[dict[str, Any], bool]]:
 def run_on(kube: Kube, supernodes: int, gang_pods: int) -> dict[str, dict]:
     """Every scenario on a cluster that is up with the operator running."""
     kube.run("create", "namespace", NAMESPACE, check=False)
-    cluster = Cluster(kube)
+    cluster = Cluster(kube, supernodes * NODES_PER_RACK)
     fleet = subprocess.run(
         [sys.executable, "-m", "tidal", "fleet", "--shape", "nvl72", "--supernodes", str(supernodes)],
         check=True,

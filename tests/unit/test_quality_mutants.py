@@ -40,6 +40,7 @@ OUTAGE = "k8s/outage.py"
 MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
 CYCLE = "k8s/cycle.py"
+LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
 CAPACITY = "rebalance/capacity.py"
 RESIZE_COST = "rebalance/resize_cost.py"
@@ -103,10 +104,13 @@ SAFETY = {
         CHECKS + "test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete",
     ),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
+    # A suspension of a Live job is still checkpoint-first.
+    LIVE: ("tests/unit/test_live_resize.py::test_a_live_job_is_suspended_checkpoint_first",),
     # tidal's pods keep the accelerator's toleration the GPU nodes' taint needs.
     MANIFESTS: (CHECKS + "test_gpu_nodes_tainted_for_gpu_pods_only_stay_open_and_the_pods_carry_the_toleration",),
     # An eviction whose preemptor no longer waits is called off; one it still waits for goes ahead.
     TRAINING: (
+        "tests/unit/test_live_resize.py::test_a_live_job_is_suspended_checkpoint_first",
         GRACE + "test_a_preemption_whose_preemptor_no_longer_waits_is_called_off",
         GRACE + "test_a_preemption_whose_preemptor_still_waits_goes_ahead",
         GRACE + "test_a_called_off_preemption_nobody_takes_over_is_told_once_at_the_end_of_the_cycle",
@@ -953,6 +957,28 @@ MUTANTS = [
         "base = [max(pool.placed, floor_at(pool, now)) for pool in pools]",
         "base = [pool.placed for pool in pools]",
         REBALANCE + "test_a_pool_nothing_is_being_freed_for_holds_no_training_back_from_growing",
+    ),
+    # Live resize (issue 35)
+    Mutant(
+        "a Live job's shrink asks for no checkpoint",
+        TRAINING,
+        "if replicas and live_resize.resize_kind(view) == ResizeKind.LIVE:",
+        "if False:",
+        "tests/unit/test_live_resize.py::test_a_live_shrink_announces_a_generation_and_deletes_the_leavers_once_every_survivor_acknowledges",
+    ),
+    Mutant(
+        "the leaving pods wait for every survivor's acknowledgement",
+        LIVE,
+        "if not leaving and not acknowledged(pod, generation):",
+        "if False:",
+        "tests/unit/test_live_resize.py::test_a_live_shrink_announces_a_generation_and_deletes_the_leavers_once_every_survivor_acknowledges",
+    ),
+    Mutant(
+        "a Live shrink without every acknowledgement falls back to checkpoint-first",
+        TRAINING,
+        "if live_resize.timed_out(cyc, eviction):",
+        "if False:",
+        "tests/unit/test_live_resize.py::test_a_live_shrink_nobody_acknowledges_falls_back_to_checkpoint_first_after_the_timeout",
     ),
 ]
 

@@ -39,6 +39,10 @@ def test_pods_start_with_the_world_files_and_survivors_of_a_shrink_learn_the_new
         assert paths == {
             "world-size": "metadata.annotations['tidal.dev/world-size']",
             "dp": "metadata.annotations['tidal.dev/dp']",
+            "generation": "metadata.annotations['tidal.dev/world-generation']",
+            "leaving": "metadata.annotations['tidal.dev/world-leaving']",
+            "checkpoint-requested": "metadata.annotations['tidal.dev/checkpoint-requested']",
+            "checkpoint-cancelled": "metadata.annotations['tidal.dev/checkpoint-cancelled']",
         }
         for container in pod["spec"]["containers"]:
             assert {"name": WORLD_VOLUME, "mountPath": WORLD_MOUNT, "readOnly": True} in container["volumeMounts"]

@@ -21,6 +21,7 @@ from tidal.clock import parse_time
 from tidal.k8s import compact
 from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE
 from tidal.k8s.cycle import Cycle
+from tidal.k8s.live_resize import resize_kind
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
 from tidal.k8s.quota import QUOTA_EXCEEDED
 from tidal.k8s.return_rooms import book_rest_of_rooms, keep_return_room, return_to, room_groups, take_return_room
@@ -166,6 +167,7 @@ def running_gangs(cyc: Cycle, statuses: dict[str, tuple[ResourceView, dict[str, 
                 preemptible=bool(view.spec.get("preemptible")),
                 replicas=tuple(tuple(r) for r in replicas),
                 min_replicas=elastic.get("minDP") if elastic else None,
+                resize=resize_kind(view).value,
             )
         )
     return gangs

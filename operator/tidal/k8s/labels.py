@@ -23,6 +23,14 @@ WORLD_SIZE = "tidal.dev/world-size"
 """Pod annotation: the job's current world size (and CURRENT_DP its DP degree), kept up to date
 after an elastic resize; each pod sees it as a file (manifests.WORLD_MOUNT), as env cannot change."""
 CURRENT_DP = "tidal.dev/dp"
+WORLD_GENERATION = "tidal.dev/world-generation"
+"""Pod annotation of a Live job (spec.elastic.resize: Live): the membership generation its world-size,
+dp and WORLD_LEAVING belong to; each live resize announces a new one."""
+WORLD_LEAVING = "tidal.dev/world-leaving"
+"""Pod annotation: the DP replicas leaving in that generation (comma-separated), "" when none."""
+WORLD_ACK = "tidal.dev/world-ack"
+"""Set by a surviving pod (tidal.workload) to the generation it has taken on: the leaving pods are
+deleted once every survivor says so."""
 CHECKPOINT_REQUESTED = "tidal.dev/checkpoint-requested"
 CHECKPOINT_DONE = "tidal.dev/checkpoint-done"
 CHECKPOINT_CANCELLED = "tidal.dev/checkpoint-cancelled"

@@ -111,11 +111,22 @@ def world_annotations(shape: GangShape) -> dict[str, str]:
     return {labels.WORLD_SIZE: str(shape.world_size), labels.CURRENT_DP: str(shape.dp)}
 
 
+WORLD_FILES = {
+    "world-size": labels.WORLD_SIZE,
+    "dp": labels.CURRENT_DP,
+    "generation": labels.WORLD_GENERATION,
+    "leaving": labels.WORLD_LEAVING,
+    "checkpoint-requested": labels.CHECKPOINT_REQUESTED,
+    "checkpoint-cancelled": labels.CHECKPOINT_CANCELLED,
+}
+"""File under WORLD_MOUNT -> the pod annotation it holds (empty while the annotation is unset): what
+the workload library (tidal.workload) watches."""
+
+
 def mount_world_files(pod_spec: dict[str, Any]) -> None:
-    """Add the downward API volume with the world-size and dp files to every container (in place)."""
+    """Add the downward API volume with the WORLD_FILES to every container (in place)."""
     items = [
-        {"path": "world-size", "fieldRef": {"fieldPath": f"metadata.annotations['{labels.WORLD_SIZE}']"}},
-        {"path": "dp", "fieldRef": {"fieldPath": f"metadata.annotations['{labels.CURRENT_DP}']"}},
+        {"path": path, "fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}} for path, key in WORLD_FILES.items()
     ]
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != WORLD_VOLUME]
     pod_spec["volumes"] = [*volumes, {"name": WORLD_VOLUME, "downwardAPI": {"items": items}}]

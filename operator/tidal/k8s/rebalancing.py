@@ -15,6 +15,7 @@ from tidal.k8s.admission import reserve_nodes, running_gangs, without_evictions_
 from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.disruption_ledger import disruption_records, leaving_disruption_gpus
+from tidal.k8s.live_resize import resize_kind
 from tidal.k8s.manifests import leader_selector, pool_service, selector_string
 from tidal.k8s.pools import LoadPoller, add_replicas, pool_conditions, pool_load, reconcile_pool, spec_problem
 from tidal.k8s.priority import UNKNOWN_PRIORITY_CLASS
@@ -46,7 +47,7 @@ from tidal.rebalance import (
     schedule_floor,
     scheduled_rise_s,
 )
-from tidal.rebalance.resize_cost import ResizeCosts, ResizeKind
+from tidal.rebalance.resize_cost import ResizeCosts
 
 Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
 
@@ -325,7 +326,7 @@ def _grow_pays(cyc: Cycle, view: ResourceView, shape: GangShape, bigger: GangSha
     work until the accelerator's pool schedules ask for more than the free GPUs left after the
     grow-back (`scheduled_rise_s`, the operator's forecast; the job's own end is not known) must
     outweigh the grow-back's stall, plus the shrink that gives them back if they ask before the
-    horizon. Every operator job resizes by restart until spec.elastic.resize exists (issue 35)."""
+    horizon. A Live job's grow-back costs a peer transfer and a rebuild, a Restart job's a restart."""
     accelerator = view.spec.get("accelerator", DEFAULT_ACCELERATOR)
     added = bigger.world_size - shape.world_size
     scheduled = [
@@ -336,7 +337,7 @@ def _grow_pays(cyc: Cycle, view: ResourceView, shape: GangShape, bigger: GangSha
     horizon = GROW_HORIZON.total_seconds()
     calm = scheduled_rise_s(scheduled, cyc.now, cyc.snapshot.free_gpus_of(accelerator) - added, horizon)
     return RESIZE_COSTS.grow_pays(
-        ResizeKind.RESTART, shape.world_size, added, shape.replica_gpus, calm, shrunk_again=calm < horizon
+        resize_kind(view), shape.world_size, added, shape.replica_gpus, calm, shrunk_again=calm < horizon
     )
 
 

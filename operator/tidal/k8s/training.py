@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tidal.clock import parse_time, rfc3339
-from tidal.k8s import labels
+from tidal.k8s import labels, live_resize
 from tidal.k8s.compute_domains import domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
 from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
@@ -31,6 +31,7 @@ from tidal.placement.compute_domains import (
     plan_domains,
     stale_domains,
 )
+from tidal.rebalance.resize_cost import ResizeKind
 
 HOLDING = frozenset({"Admitted", "Running", "Restarting"})
 DEFRAGMENTED = "Defragmented"
@@ -822,6 +823,8 @@ def start_eviction(
     called_off = cyc.called_off.pop(view.uid, None)
     if called_off is not None:
         return _take_over(cyc, view, status, called_off, reason=reason, by=by, replicas=replicas)
+    if replicas and live_resize.resize_kind(view) == ResizeKind.LIVE:  # a suspension is always checkpoint-first
+        return live_resize.start(cyc, view, status, reason=reason, by=by, replicas=replicas)
     grace = _grace_seconds(view)
     requested = cyc.stamp
     what = f"replicas {replicas}" if replicas else "the whole job"
@@ -1015,6 +1018,8 @@ def _continue_eviction(
     (and a broken group kept by a shrink is restarted by the cycles after). `exited`: every pod
     exited 0; nothing is left to wait for either."""
     eviction = status["eviction"]
+    if eviction.get("mode") == ResizeKind.LIVE:
+        return _continue_live_shrink(cyc, view, status, pods, broken, exited)
     unwanted = _no_longer_wanted(cyc, eviction)
     if unwanted:
         message = f"{eviction['reason']} by {eviction['by']} called off: {unwanted}; nothing evicted"
@@ -1060,8 +1065,51 @@ def _continue_eviction(
             f"{' ...' if len(unseen) > 10 else ''} within the grace period (annotation refused?); evicting anyway",
             warning=True,
         )
-    replicas = eviction.get("replicas") or []
     conditions = set_condition(status.get("conditions", []), "CheckpointRequested", False, "Evicted", how, cyc.stamp)
+    return _evict(cyc, view, status, pods, how, conditions)
+
+
+def _continue_live_shrink(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    pods: dict[str, PodView],
+    broken: dict[int, Breakage],
+    exited: bool,
+) -> dict[str, Any]:
+    """A Live shrink (k8s/live_resize.py): announced every cycle until each survivor acknowledges
+    its generation, then the leaving pods go; past the timeout it falls back to checkpoint-first.
+    Not called off once announced (the survivors may already have rebuilt without the leavers).
+    A broken group or pods that all exited end the wait, as for a checkpoint."""
+    status, waiting = live_resize.announce(cyc, view, status, pods, shape_of(view, status))
+    eviction = status["eviction"]
+    if waiting and not (broken or exited):
+        if live_resize.timed_out(cyc, eviction):
+            return live_resize.fall_back(cyc, view, status, waiting, _grace_deadline(cyc, view))
+        return status
+    if not waiting:
+        how = f"live: every surviving pod acknowledged generation {eviction['generation']}"
+    elif exited:
+        how = "live: its pods all exited during the wait"
+    else:
+        group = min(broken)
+        how = f"live: group {group} broke during the wait ({broken[group].reason})"
+    conditions = set_condition(status.get("conditions", []), live_resize.LIVE_CONDITION, False, "Done", how, cyc.stamp)
+    return _evict(cyc, view, status, pods, how, conditions)
+
+
+def _evict(
+    cyc: Cycle,
+    view: ResourceView,
+    status: dict[str, Any],
+    pods: dict[str, PodView],
+    how: str,
+    conditions: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Carry out the eviction in `status`: delete the given-back replicas' pods (a shrink) or all
+    of them, and record it in the history the disruption budget reads."""
+    eviction = status["eviction"]
+    replicas = eviction.get("replicas") or []
     shape = shape_of(view, status)
     evicted = groups_of_replicas(shape, status["placement"], replicas)
     record = {

@@ -22,6 +22,22 @@ class ElasticSpec(ApiModel):
 
     min_dp: int = Field(alias="minDP", ge=1, le=100_000, description="Fewest DP replicas the job may run with.")
     max_dp: int = Field(alias="maxDP", ge=1, le=100_000, description="Most DP replicas the job may grow to.")
+    resize: Literal["Restart", "Live"] = Field(
+        default="Restart",
+        description="How the trainer changes its DP membership. Restart (torchrun elastic): every worker restarts "
+        "and reloads a checkpoint, so a shrink is checkpoint-first. Live (torchft, HSDP replica groups): survivors "
+        "rebuild their communicators in place; a shrink announces the new membership and deletes the leaving pods "
+        "once every surviving pod acknowledges it (annotation tidal.dev/world-ack=<generation>), with no "
+        "checkpoint; without every acknowledgement within liveTimeoutSeconds it falls back to checkpoint-first. "
+        "A whole-job suspension is always checkpoint-first.",
+    )
+    live_timeout_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=3_600,
+        description="Live only: how long a shrink waits for every surviving pod's acknowledgement before it falls "
+        "back to the checkpoint-first path.",
+    )
 
 
 class CheckpointSpec(ApiModel):
@@ -217,6 +233,16 @@ class EvictionStatus(ApiModel):
     replicas: list[int] = Field(
         default_factory=list, description="DP replicas to give back; empty means the whole job."
     )
+    mode: Literal["Restart", "Live"] = Field(
+        default="Restart",
+        description="Live: a live shrink (no checkpoint request; the survivors acknowledge the new membership "
+        "`generation`); Restart: checkpoint-first.",
+    )
+    generation: int | None = Field(
+        default=None,
+        ge=1,
+        description="Live: the membership generation announced to the pods (tidal.dev/world-generation).",
+    )
     return_to: PlacementAssignment | None = Field(
         default=None,
         description="A defragmentation move's way back: where the moved work (the whole job, or the given-back "
@@ -241,6 +267,12 @@ class TrainingJobStatus(ApiModel):
     reason: str = Field(default="", description="Why the job is in this phase (for Pending: the numbers).")
     world_size: int | None = Field(default=None, description="tp*ep*pp*dp of the running shape.")
     current_dp: int | None = Field(default=None, alias="currentDP", description="DP degree it runs with now.")
+    world_generation: int = Field(
+        default=0,
+        ge=0,
+        description="Membership generation last announced to the pods of a Live job (tidal.dev/world-generation); "
+        "each live resize adds one.",
+    )
     assignment: PlacementAssignment | None = Field(
         default=None,
         description="Group -> supernode -> nodes of every pod (compact form; `tidal placement` expands it).",

@@ -81,7 +81,7 @@ class RunningGang:
     min_replicas: int | None = None
     """Elastic gangs may shrink to this many replicas by giving back their highest replicas."""
     resize: str = "Restart"
-    """How it resizes (Restart or Live; the operator passes Restart until spec.elastic.resize exists): what
+    """How it resizes (Restart or Live; the operator passes spec.elastic.resize): what
     a shrink costs it (tidal.rebalance.resize_cost)."""
 
     @property
