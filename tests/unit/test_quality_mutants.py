@@ -40,6 +40,7 @@ OUTAGE = "k8s/outage.py"
 MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
 CYCLE = "k8s/cycle.py"
+WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
 CAPACITY = "rebalance/capacity.py"
@@ -104,6 +105,8 @@ SAFETY = {
         CHECKS + "test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete",
     ),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
+    # The cache still follows watched pods.
+    WATCH: ("tests/unit/test_watch_cache.py::test_membership_follows_label_changes_through_the_index",),
     # A suspension of a Live job is still checkpoint-first.
     LIVE: ("tests/unit/test_live_resize.py::test_a_live_job_is_suspended_checkpoint_first",),
     # tidal's pods keep the accelerator's toleration the GPU nodes' taint needs.
@@ -979,6 +982,21 @@ MUTANTS = [
         "if live_resize.timed_out(cyc, eviction):",
         "if False:",
         "tests/unit/test_live_resize.py::test_a_live_shrink_nobody_acknowledges_falls_back_to_checkpoint_first_after_the_timeout",
+    ),
+    # the watch cache (issue 34): a pod's late deletion never drops its successor
+    Mutant(
+        "a late deletion leaves the pod that holds the name now",
+        WATCH,
+        "if held is not None and held.uid != last.uid:",
+        "if False:",
+        "tests/unit/test_watch_cache.py::test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_successor",
+    ),
+    Mutant(
+        "a late update of a deleted pod does not bring it back",
+        WATCH,
+        "if view is not None and self._deleted_uids.get(key) == view.uid:",
+        "if False:",
+        "tests/unit/test_watch_cache.py::test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_successor",
     ),
 ]
 

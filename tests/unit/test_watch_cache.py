@@ -15,7 +15,7 @@ from tidal.k8s.manifests import owner_reference
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.state import pod_view
 from tidal.k8s.training import allocations
-from tidal.k8s.watch import WatchCache
+from tidal.k8s.watch import Deleted, WatchCache
 from tidal.placement import plan_gang
 from tidal.placement.leftover import QUEUE_WEIGHT, ArrivalHistory
 from tidal.topology import build_fleet, snapshot_from_fleet
@@ -401,3 +401,27 @@ def test_admission_places_with_the_cycles_demand(monkeypatch):
     job(cluster, "a", 1)
     run(cluster, Controller(cluster, FixedClock(NOW)), cycles=1)
     assert seen and seen[0] is not None and 16 in seen[0].sizes("nvidia.com/gpu")
+
+
+def test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_successor():
+    # Issue 34 (bench.recovery, a 1,024-GPU gang restarted at 1,008 nodes): kopf handles each pod
+    # (uid) apart, so the deletion of rank 1's old pod reached the cache after its new pod was
+    # added; the cache dropped the new one, and the gang waited minutes, its create refused
+    # (409) every cycle, until a relisting found it.
+    cache = WatchCache()
+    key = ("ml", "j-1")
+    base = {"metadata": {"namespace": "ml", "name": "j-1"}, "spec": {"containers": [{"name": "c"}]}, "status": {}}
+    old = pod_view({**base, "metadata": {**base["metadata"], "uid": "old", "deletionTimestamp": "t"}})
+    new = pod_view({**base, "metadata": {**base["metadata"], "uid": "new"}})
+    cache.feed("pod", key, old)
+    cache.drain()
+    cache.feed("pod", key, new)
+    cache.feed("pod", key, Deleted(old))  # the old pod's deletion, handled late
+    cache.drain()
+    assert getattr(cache.pods.get(key), "uid", None) == "new", "the new pod was dropped"
+    cache.feed("pod", key, old)  # a late update of the deleted pod does not bring it back
+    cache.drain()
+    assert getattr(cache.pods.get(key), "uid", None) == "new", "the deleted pod came back"
+    cache.feed("pod", key, Deleted(new))
+    cache.drain()
+    assert key not in cache.pods

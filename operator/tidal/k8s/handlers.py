@@ -39,7 +39,7 @@ from tidal.k8s.priority import priority_class_view
 from tidal.k8s.quota import quota_view
 from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view, tidal_controller
 from tidal.k8s.supernodes import discover
-from tidal.k8s.watch import TABLES
+from tidal.k8s.watch import TABLES, Deleted
 
 log = structlog.get_logger("tidal")
 
@@ -110,9 +110,8 @@ def _feed(memo: kopf.Memo, event: dict[str, Any], kind: str, key: Any, make: Any
         # peering resume), and may have kept objects the new list lacks (see audit_indices).
         memo.controller.relisted.add(kind)
     if event.get("type") == "DELETED":
-        if kind == "pod":  # its final state first: a drain's condition and deletionTimestamp (`departed`)
-            memo.controller.cache.feed(kind, key, make(dict(body)))
-        view = None
+        # A pod's final state (a drain's condition, `departed`) and its uid: only that pod goes.
+        view = Deleted(make(dict(body))) if kind == "pod" else None
     elif view is None:  # the index function failed (kopf logged it): the cache still learns the change
         view = make(dict(body))
     memo.controller.cache.feed(kind, key, view)

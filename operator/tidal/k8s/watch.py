@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from tidal.k8s import labels
@@ -54,6 +55,17 @@ TABLES = {
 """Each kind the cache holds, and its table (the same attribute on WatchCache and ClusterState)."""
 
 
+DELETED_REMEMBERED = 10_000
+"""Pod deletions remembered by name: more than one cycle's worth at any churn."""
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A pod's deletion as watched: its final view (`WatchCache.feed`)."""
+
+    last: PodView
+
+
 class WatchCache:
     """ClusterState's interface (nodes, pods, supernodes, jobs, pools, pods_of) kept incrementally."""
 
@@ -75,6 +87,8 @@ class WatchCache:
         self._by_owner_uid: dict[str, dict[tuple[str, str], PodView]] = {}
         """Controlling workload uid -> its pods, for pods that outlive their workload."""
         self.pod_uids: set[str] = set()
+        self._deleted_uids: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
+        """Pod name -> uid of the last pod deleted under it (`_delete_pod`), the latest few thousand."""
         self._tidal_bound_on: dict[str, dict[tuple[str, str], PodView]] = {}
         """Node -> the bound pods of tidal workloads there (`pods_on_lost_nodes`)."""
         self.departed: dict[tuple[str, str], PodView] = {}
@@ -102,7 +116,10 @@ class WatchCache:
 
     # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
     def feed(self, kind: str, key: Any, view: Any) -> None:
-        """Record a watch event: `view` is the new object, or None when it was deleted."""
+        """Record a watch event: `view` is the new object, None when it was deleted, or for a
+        pod `Deleted(final view)`: kopf handles each object (uid) apart, so the deletion of a pod
+        can reach the cache after its successor under the same name was added (a rank made again
+        at once), and must not remove that one."""
         self._events.append((kind, key, view))
 
     def resync(self, state: ClusterState) -> None:
@@ -149,7 +166,10 @@ class WatchCache:
         if kind == "node":
             self._put_node(key, view)
         elif kind == "pod":
-            self._put_pod(key, view)
+            if isinstance(view, Deleted):
+                self._delete_pod(key, view.last)
+            else:
+                self._upsert_pod(key, view)
         elif kind == "supernode":
             self._put_resource(self.supernodes, key, view, members=True)
         elif kind == "job":
@@ -253,6 +273,24 @@ class WatchCache:
         return set(sets[0]).intersection(*sets[1:])
 
     # -- pods -----------------------------------------------------------------------------
+    def _delete_pod(self, key: tuple[str, str], last: PodView) -> None:
+        """A watched deletion: ignored where another pod (uid) holds the name now; its uid is
+        remembered so that a late update of it does not bring it back."""
+        self._deleted_uids[key] = last.uid
+        self._deleted_uids.move_to_end(key)
+        while len(self._deleted_uids) > DELETED_REMEMBERED:
+            self._deleted_uids.popitem(last=False)
+        held = self.pods.get(key)
+        if held is not None and held.uid != last.uid:
+            return
+        self._put_pod(key, last)  # its final state first: a drain's condition and deletionTimestamp (`departed`)
+        self._put_pod(key, None)
+
+    def _upsert_pod(self, key: tuple[str, str], view: PodView | None) -> None:
+        if view is not None and self._deleted_uids.get(key) == view.uid:
+            return  # an update of a pod already deleted, handled after its deletion
+        self._put_pod(key, view)
+
     def _put_pod(self, key: tuple[str, str], view: PodView | None) -> None:
         old = self.pods.get(key)
         if view is not None and old == view:

@@ -1,0 +1,194 @@
+"""The trainer's side of tidal's contract, standard library only.
+
+tidal talks to a training pod through annotations, which the pod reads as files of its downward
+API volume (/etc/tidal/world, refreshed by the kubelet) and answers by writing annotations back
+with its service account:
+
+- checkpoint: `checkpoint-requested=<time>` on the pod; the trainer saves and the job is annotated
+  `tidal.dev/checkpoint-done=<the same time>`; `checkpoint-cancelled=<that time>` calls it off.
+- live membership (spec.elastic.resize: Live): `generation`, `world-size`, `dp` and `leaving`
+  (the DP replicas leaving); each surviving pod rebuilds its communicators and answers
+  `tidal.dev/world-ack=<generation>` on itself; a leaving pod stops.
+
+    from tidal_workload import Contract
+
+    contract = Contract(save=lambda request: trainer.save(), resize=lambda world: trainer.rebuild(world))
+    while training:
+        step()
+        if contract.poll() == "leave":   # this pod's DP replica left the job
+            break
+
+The job's service account needs `patch` on `trainingjobs` (its own job) and on `pods` in its
+namespace (the chart's `workloadRole` grants both).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ANNOTATION = "tidal.dev/"
+CHECKPOINT_DONE = ANNOTATION + "checkpoint-done"
+WORLD_ACK = ANNOTATION + "world-ack"
+FILES = {
+    "world-size": ANNOTATION + "world-size",
+    "dp": ANNOTATION + "dp",
+    "generation": ANNOTATION + "world-generation",
+    "leaving": ANNOTATION + "world-leaving",
+    "checkpoint-requested": ANNOTATION + "checkpoint-requested",
+    "checkpoint-cancelled": ANNOTATION + "checkpoint-cancelled",
+}
+"""File of the downward API volume -> the annotation it shows (as tidal mounts them)."""
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass(frozen=True)
+class World:
+    """A membership generation as tidal announced it."""
+
+    generation: int
+    world_size: int
+    dp: int
+    leaving: tuple[int, ...]
+    """DP replicas that leave in this generation."""
+
+
+class FileSource:
+    """What the pod's downward API volume shows (in a pod)."""
+
+    def __init__(self, path: str | Path = "/etc/tidal/world"):
+        self.path = Path(path)
+
+    def read(self) -> dict[str, str]:
+        out = {}
+        for name in FILES:
+            try:
+                out[name] = (self.path / name).read_text().strip()
+            except OSError:
+                out[name] = ""
+        return out
+
+
+class ApiSource:
+    """The same, read from the pod's annotations through the API server (outside a kubelet)."""
+
+    def __init__(self, client: KubeClient, namespace: str, pod: str):
+        self.client, self.namespace, self.pod = client, namespace, pod
+
+    def read(self) -> dict[str, str]:
+        body = self.client.get(f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}")
+        notes = (body.get("metadata") or {}).get("annotations") or {}
+        return {name: notes.get(key, "") for name, key in FILES.items()}
+
+
+class KubeClient:
+    """JSON GET and merge-PATCH against the API server: in a pod from its service account, else
+    from `server`, `token` and `ca_file` (None: no TLS verification only for http:// servers)."""
+
+    def __init__(self, server: str | None = None, token: str | None = None, ca_file: str | None = None):
+        if server is None:
+            host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+            server = f"https://{host}:{port}"
+            token = token or (SERVICE_ACCOUNT / "token").read_text().strip()
+            ca_file = ca_file or str(SERVICE_ACCOUNT / "ca.crt")
+        self.server, self.token = server.rstrip("/"), token
+        self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+
+    def _call(self, method: str, path: str, body: dict | None = None, content_type: str = "") -> dict:
+        request = urllib.request.Request(self.server + path, method=method)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            request.add_header("Content-Type", content_type)
+        with urllib.request.urlopen(request, data=data, timeout=10, context=self.context) as answer:
+            return json.loads(answer.read() or b"{}")
+
+    def get(self, path: str) -> dict:
+        return self._call("GET", path)
+
+    def annotate(self, path: str, annotations: dict[str, str]) -> None:
+        self._call("PATCH", path, {"metadata": {"annotations": annotations}}, "application/merge-patch+json")
+
+
+@dataclass
+class Contract:
+    """Watches for tidal's requests and keeps the contract: `poll()` does one round.
+
+    save(request_time): write a checkpoint (then tidal is told checkpoint-done);
+    resize(world): take on a new membership (then this pod acknowledges it);
+    cancelled(request_time): a checkpoint request was called off (optional)."""
+
+    save: Callable[[str], None]
+    resize: Callable[[World], None] = lambda world: None
+    cancelled: Callable[[str], None] = lambda request: None
+    source: FileSource | ApiSource | None = None
+    client: KubeClient | None = None
+    namespace: str = ""
+    pod: str = field(default_factory=lambda: os.environ.get("TIDAL_POD_NAME") or os.environ.get("HOSTNAME", ""))
+    job: str = field(default_factory=lambda: os.environ.get("TIDAL_JOB", ""))
+    dp_rank: int = field(default_factory=lambda: int(os.environ.get("TIDAL_DP_RANK", "0")))
+    saved: str = ""
+    """The last request this pod saved for (and reported)."""
+    acked: int = 0
+    """The last generation this pod acknowledged."""
+
+    def __post_init__(self) -> None:
+        if not self.namespace:
+            ns = os.environ.get("TIDAL_NAMESPACE")
+            self.namespace = ns or (SERVICE_ACCOUNT / "namespace").read_text().strip()
+        self.source = self.source or FileSource()
+        self.client = self.client or KubeClient()
+        generation = self.source.read().get("generation", "")
+        # A pod made after a generation (a grow-back's new replica) starts in it: nothing to take on.
+        self.acked = int(generation) if generation.isdigit() else 0
+
+    def poll(self) -> str:
+        """One round: "leave" once this pod's DP replica left, "saved", "resized", "cancelled" or ""."""
+        seen = self.source.read()
+        generation = int(seen["generation"]) if seen["generation"].isdigit() else 0
+        if generation > self.acked:
+            leaving = tuple(int(r) for r in seen["leaving"].split(",") if r.strip().isdigit())
+            if self.dp_rank in leaving:
+                return "leave"
+            world = World(generation, int(seen["world-size"] or 0), int(seen["dp"] or 0), leaving)
+            self.resize(world)
+            self.client.annotate(f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", {WORLD_ACK: str(generation)})
+            self.acked = generation
+            return "resized"
+        request = seen["checkpoint-requested"]
+        if request and request != self.saved:
+            if seen["checkpoint-cancelled"] == request:
+                self.saved = request  # handled: never saved for
+                self.cancelled(request)
+                return "cancelled"
+            self.save(request)
+            path = f"/apis/tidal.dev/v1alpha1/namespaces/{self.namespace}/trainingjobs/{self.job}"
+            self.client.annotate(path, {CHECKPOINT_DONE: request})
+            self.saved = request
+            return "saved"
+        return ""
+
+    def run(self, interval_s: float = 1.0, stop: Callable[[], bool] = lambda: False) -> str:
+        """poll() every `interval_s` until `stop()` or this pod's replica leaves."""
+        while not stop():
+            if self.poll() == "leave":
+                return "leave"
+            time.sleep(interval_s)
+        return ""
+
+
+def now() -> str:
+    """An RFC 3339 time as tidal writes them."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+__all__ = ["ApiSource", "Contract", "FileSource", "KubeClient", "World"]
