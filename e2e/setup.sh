@@ -15,10 +15,10 @@ if [[ ! -x "$venv/bin/python" ]]; then
   python3 -m venv "$venv"
 fi
 stamp="$venv/.tidal-installed"
-if [[ ! -f "$stamp" || "$repo/pyproject.toml" -nt "$stamp" ]]; then
-  log "installing tidal[dev] into $venv"
+if [[ ! -f "$stamp" || "$repo/pyproject.toml" -nt "$stamp" || "$repo/workload/pyproject.toml" -nt "$stamp" ]]; then
+  log "installing tidal[dev] and the workload library (tidal-workload) into $venv"
   "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-  "$venv/bin/python" -m pip install --quiet -e "$repo[dev]" >&2
+  "$venv/bin/python" -m pip install --quiet -e "$repo[dev]" -e "$repo/workload" >&2
   touch "$stamp"
 fi
 

@@ -9,7 +9,7 @@ cd "$repo"
 export PATH="$repo/.venv/bin:$PATH"
 
 echo "== ruff"
-ruff check operator tests bench
+ruff check operator tests bench workload
 echo "== pytest"
 set +e
 python -m pytest "$@"

@@ -18,13 +18,14 @@ with its service account:
         if contract.poll() == "leave":   # this pod's DP replica left the job
             break
 
-The job's service account needs `patch` on `trainingjobs` (its own job) and on `pods` in its
-namespace (the chart's `workloadRole` grants both).
+The job's service account needs `patch` on `trainingjobs` (its job) and `get` and `patch` on
+`pods` in its namespace: examples/workload-rbac.yaml is such a Role and RoleBinding. Only the pod
+of global rank 0 reports checkpoint-done (a checkpoint is collective: when its save returns, every
+rank's has); every surviving pod acknowledges a membership for itself.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import ssl
@@ -136,6 +137,8 @@ class Contract:
     pod: str = field(default_factory=lambda: os.environ.get("TIDAL_POD_NAME") or os.environ.get("HOSTNAME", ""))
     job: str = field(default_factory=lambda: os.environ.get("TIDAL_JOB", ""))
     dp_rank: int = field(default_factory=lambda: int(os.environ.get("TIDAL_DP_RANK", "0")))
+    reports: bool = field(default_factory=lambda: os.environ.get("RANK", "0") == "0")
+    """Whether this pod tells tidal checkpoint-done (global rank 0's does)."""
     saved: str = ""
     """The last request this pod saved for (and reported)."""
     acked: int = 0
@@ -171,8 +174,9 @@ class Contract:
                 self.cancelled(request)
                 return "cancelled"
             self.save(request)
-            path = f"/apis/tidal.dev/v1alpha1/namespaces/{self.namespace}/trainingjobs/{self.job}"
-            self.client.annotate(path, {CHECKPOINT_DONE: request})
+            if self.reports:
+                path = f"/apis/tidal.dev/v1alpha1/namespaces/{self.namespace}/trainingjobs/{self.job}"
+                self.client.annotate(path, {CHECKPOINT_DONE: request})
             self.saved = request
             return "saved"
         return ""
@@ -184,11 +188,6 @@ class Contract:
                 return "leave"
             time.sleep(interval_s)
         return ""
-
-
-def now() -> str:
-    """An RFC 3339 time as tidal writes them."""
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 __all__ = ["ApiSource", "Contract", "FileSource", "KubeClient", "World"]

@@ -1,0 +1,199 @@
+"""The workload library (tidal_workload) in the example trainer, one real process per pod of a
+Live TrainingJob on the KWOK cluster (issue 35). Each process reads its pod's annotations through
+the API server, as its downward API volume would show them, and writes back with the job's
+service account token (examples/workload-rbac.yaml), as a pod would.
+
+The evictions are planted as the rebalancer records them (tests/evictions.py does so for the
+checkpoint path): what is under test is the contract, not which job the planner picks."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .kube import REPO, Kube, eventually
+from .operator_process import OperatorProcess
+from .test_operator import TEMPLATE, pods_of, status, submit, wait_phase
+
+TRAINER = REPO / "examples" / "trainer" / "trainer.py"
+
+
+def live_job(name: str) -> dict:
+    return {
+        "apiVersion": "tidal.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "tp": 4,
+            "dp": 3,
+            "gpusPerPod": 4,
+            "preemptible": True,
+            "elastic": {"minDP": 1, "maxDP": 3, "resize": "Live", "liveTimeoutSeconds": 15},
+            "template": TEMPLATE,
+        },
+    }
+
+
+class Trainers:
+    """One trainer process per pod, as the job's service account."""
+
+    def __init__(self, kube: Kube, namespace: str, job: str, workdir: Path):
+        self.kube, self.namespace, self.job, self.workdir = kube, namespace, job, workdir
+        token = kube.run("create", "token", "tidal-trainer", "-n", namespace, "--duration=1h").stdout.strip()
+        (workdir / "token").write_text(token)
+        cluster = yaml.safe_load(kube.kubeconfig.read_text())["clusters"][0]["cluster"]
+        self.server = cluster["server"]
+        if "certificate-authority-data" in cluster:
+            (workdir / "ca.crt").write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        else:
+            (workdir / "ca.crt").write_text(Path(cluster["certificate-authority"]).read_text())
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, index: int) -> None:
+        pod = f"{self.job}-{index}"
+        env = {p["name"]: p.get("value") for p in self.pod(pod)["spec"]["containers"][0]["env"]}
+        self.procs[index] = subprocess.Popen(
+            [
+                sys.executable,
+                str(TRAINER),
+                "--state",
+                str(self.workdir / f"replica-{env['TIDAL_DP_RANK']}"),
+                "--namespace",
+                self.namespace,
+                "--pod",
+                pod,
+                "--job",
+                self.job,
+                "--dp-rank",
+                env["TIDAL_DP_RANK"],
+                "--rank",
+                env["RANK"],
+                "--server",
+                self.server,
+                "--token-file",
+                str(self.workdir / "token"),
+                "--ca",
+                str(self.workdir / "ca.crt"),
+                "--step-seconds",
+                "0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(self.workdir / f"trainer-{index}.err").open("w"),
+        )
+
+    def pod(self, name: str) -> dict:
+        return self.kube.get("pod", name, "-n", self.namespace)
+
+    def log(self, replica: int) -> list[dict]:
+        path = self.workdir / f"replica-{replica}" / "log.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def plant_live_shrink(kube: Kube, namespace: str, job: str, replicas: list[int], generation: int) -> None:
+    """What start_eviction records for a Live job's shrink (k8s/live_resize.py: start)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    eviction = {
+        "reason": "Rebalanced",
+        "by": "test",
+        "requestedAt": now,
+        "deadline": now,
+        "replicas": replicas,
+        "mode": "Live",
+        "generation": generation,
+    }
+    patch = json.dumps({"status": {"eviction": eviction, "worldGeneration": generation}})
+    kube.run("patch", "trainingjob", job, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def annotations(pod: dict) -> dict[str, str]:
+    return pod["metadata"].get("annotations") or {}
+
+
+def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
+    kube: Kube, running_operator: OperatorProcess, namespace: str, tmp_path: Path
+):
+    kube.run("apply", "-n", namespace, "-f", str(REPO / "examples" / "workload-rbac.yaml"))
+    submit(kube, namespace, live_job("live"))
+    wait_phase(kube, namespace, "live", "Running")
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kube, namespace, "live")}
+    trainers = Trainers(kube, namespace, "live", tmp_path)
+    try:
+        for i in range(3):
+            trainers.start(i)
+        eventually(lambda: all(trainers.log(r) for r in range(3)), timeout=30, what="three trainers started")
+
+        # 1. A survivor that never answers (replica 1's trainer is gone, its pod runs on): after
+        # liveTimeoutSeconds the shrink of replica 2 falls back to checkpoint-first; rank 0 saves
+        # and reports, and replica 2's pod goes.
+        trainers.procs[1].kill()
+        trainers.procs[1].wait()
+        planted = time.monotonic()
+        plant_live_shrink(kube, namespace, "live", [2], generation=1)
+        request = eventually(
+            lambda: annotations(trainers.pod("live-0")).get("tidal.dev/checkpoint-requested"),
+            timeout=60,
+            what="the fallback's checkpoint request",
+        )
+        fell_back_after = time.monotonic() - planted
+        eventually(
+            lambda: status(kube, namespace, "live").get("currentDP") == 2, timeout=60, what="replica 2 given back"
+        )
+        assert fell_back_after >= 15 - 2, "not before the live timeout"
+        events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=live")["items"]
+        timed_out = [e for e in events if e["reason"] == "LiveResizeTimedOut"]
+        assert timed_out and "live-1" in timed_out[0]["message"], [e["reason"] for e in events]
+        assert [e["request"] for e in trainers.log(0) if e["event"] == "saved"] == [request], "rank 0 saved for it"
+        assert sorted(p["metadata"]["name"] for p in pods_of(kube, namespace, "live")) == ["live-0", "live-1"]
+
+        # 2. A Live shrink of replica 1 with every survivor answering: no new checkpoint request,
+        # the survivor keeps its pod, replica 1's trainer leaves and its pod goes.
+        trainers.start(1)  # started in generation 1: nothing to take on
+        eventually(lambda: trainers.log(1)[-1]["event"] == "started", timeout=30, what="trainer 1 back")
+        resized_before = len([e for e in trainers.log(0) if e["event"] == "resized"])
+        plant_live_shrink(kube, namespace, "live", [1], generation=2)
+        eventually(
+            lambda: (
+                status(kube, namespace, "live").get("currentDP") == 1
+                and "eviction" not in status(kube, namespace, "live")
+            ),
+            timeout=60,
+            what="the live shrink done",
+        )
+        pods = {p["metadata"]["name"]: p for p in pods_of(kube, namespace, "live")}
+        assert sorted(pods) == ["live-0"], "only the leaving replica's pod went"
+        assert pods["live-0"]["metadata"]["uid"] == uids["live-0"], "the survivor was not replaced"
+        assert annotations(pods["live-0"]).get("tidal.dev/world-ack") == "2"
+        assert annotations(pods["live-0"]).get("tidal.dev/checkpoint-requested") == request, "no new checkpoint request"
+        job_notes = kube.get("trainingjob", "live", "-n", namespace)["metadata"].get("annotations") or {}
+        assert job_notes.get("tidal.dev/checkpoint-requested") == request, "a live shrink asks for no checkpoint"
+        assert len([e for e in trainers.log(0) if e["event"] == "saved"]) == 1, "and rank 0 saved nothing more"
+        resized = [e for e in trainers.log(0) if e["event"] == "resized"]
+        assert len(resized) == resized_before + 1 and resized[-1]["dp"] == 1 and resized[-1]["generation"] == 2
+        assert any(e["event"] == "left" for e in trainers.log(1))
+        assert trainers.procs[1].wait(timeout=30) == 0
+
+        # 3. A checkpoint-first suspension: the saved step is where training resumes.
+        kube.run("patch", "trainingjob", "live", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+        wait_phase(kube, namespace, "live", "Suspended", timeout=90)
+        saved = [e for e in trainers.log(0) if e["event"] == "saved"][-1]["step"]
+        assert trainers.procs[0].wait(timeout=30) == 0, "the trainer stops once its pod is gone"
+        kube.run("patch", "trainingjob", "live", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+        wait_phase(kube, namespace, "live", "Running", timeout=90)
+        trainers.start(0)
+        eventually(lambda: trainers.log(0)[-1]["event"] == "started", timeout=30, what="the trainer restarted")
+        assert trainers.log(0)[-1]["step"] == saved, "resumed from the step it saved"
+    finally:
+        trainers.stop()
