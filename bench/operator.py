@@ -77,6 +77,23 @@ NODES_PER_RACK = 18
 TEMPLATE = {"spec": {"containers": [{"name": "trainer", "image": "trainer:latest"}]}}
 
 
+def bench_cluster(supernodes: int, env: dict[str, str]) -> Kube:
+    """The benchmarks' KWOK cluster (e2e/cluster.sh, name from env's TIDAL_CLUSTER_NAME), up with
+    tidal's CRDs and the peering object: kept up if it already is."""
+    out = subprocess.run(
+        [str(E2E / "cluster.sh"), "up", "--shape", "nvl72", "--supernodes", str(supernodes)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    kube = Kube(Path(out.strip().splitlines()[-1].removeprefix("export KUBECONFIG=")), bin_dir())
+    kube.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
+    kube.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
+    return kube
+
+
 def job_manifest(name: str, tp: int, ep: int, pp: int, dp: int, gpp: int, priority: int = 0) -> dict:
     return {
         "apiVersion": "tidal.dev/v1alpha1",
@@ -143,19 +160,9 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
     env = {**os.environ, "TIDAL_CLUSTER_NAME": CLUSTER}
     load_before = load_average()
     started = time.monotonic()
-    out = subprocess.run(
-        [str(E2E / "cluster.sh"), "up", "--shape", "nvl72", "--supernodes", str(supernodes)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    kube = bench_cluster(supernodes, env)
+    kubeconfig = kube.kubeconfig
     cluster_up_s = time.monotonic() - started
-    kubeconfig = Path(out.strip().splitlines()[-1].removeprefix("export KUBECONFIG="))
-    kube = Kube(kubeconfig, bin_dir())
-    kube.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
-    kube.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
     kube.run("create", "namespace", "bench", check=False)
     node_count = len(kube.get("nodes")["items"])
     metrics_port = free_port()

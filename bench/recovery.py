@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
-from tests.cluster.kube import E2E, REPO, Kube, bin_dir, eventually
+from tests.cluster.kube import E2E, Kube, eventually
 from tests.cluster.operator_process import OperatorProcess, free_port
 from tests.cluster.test_fencing import OUT_OF_SERVICE, heal, partition
 
-from bench.operator import CLUSTER, NODES_PER_RACK, TEMPLATE
+from bench.operator import CLUSTER, NODES_PER_RACK, TEMPLATE, bench_cluster
 from tidal.k8s.api import load_client
 from tidal.k8s.labels import JOB
 
@@ -185,20 +185,9 @@ def run(nodes: int, gang_pods: int, keep: bool) -> dict[str, Any]:
         raise ValueError("--gang-pods must be a multiple of 64 (tp=8, ep=8, pp=4 at 4 GPUs a pod)")
     supernodes = -(-nodes // NODES_PER_RACK)
     env = {**os.environ, "TIDAL_CLUSTER_NAME": CLUSTER}
-    out = subprocess.run(
-        [str(E2E / "cluster.sh"), "up", "--shape", "nvl72", "--supernodes", str(supernodes)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    kubeconfig = Path(out.strip().splitlines()[-1].removeprefix("export KUBECONFIG="))
-    kube = Kube(kubeconfig, bin_dir())
-    kube.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
-    kube.run("apply", "-f", str(REPO / "examples" / "peering.yaml"))
+    kube = bench_cluster(supernodes, env)
     op = OperatorProcess(
-        kubeconfig,
+        kube.kubeconfig,
         Path(tempfile.mkdtemp(prefix="tidal-recovery-")),
         "--discover-supernodes",
         "tidal.dev/supernode",

@@ -254,6 +254,20 @@ def test_compressed_day_checkpoint_before_eviction_and_back_at_night():
     check_sound(cluster)
 
 
+def shrunk_at_eight(cluster: FakeCluster) -> tuple[FixedClock, Controller]:
+    """Run the day cluster from 06:00 to 08:00, when the day pool's window takes one DP replica
+    of training, checkpoint-done given: the job runs at DP 3."""
+    clock = FixedClock(at("06:00"))
+    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
+    run(cluster, controller)
+    clock.at = at("08:00")
+    run(cluster, controller)
+    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
+    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
+    run(cluster, controller)
+    return clock, controller
+
+
 def test_a_schedule_rise_is_seen_from_what_pools_hold_or_ask_now():
     day = {"tp": 8, "maxReplicas": 16, "schedule": {"windows": [{"start": "08:00", "end": "23:00", "minReplicas": 12}]}}
     night = at("06:00")
@@ -276,14 +290,7 @@ def test_a_grow_back_that_the_schedule_would_take_back_before_it_pays_waits():
     cluster.objects[("InferencePool", "serve", "chat")] = dataclasses.replace(
         pool, spec={**pool.spec, "schedule": schedule}
     )
-    clock = FixedClock(at("06:00"))
-    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
-    run(cluster, controller)
-    clock.at = at("08:00")
-    run(cluster, controller)
-    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
-    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
-    run(cluster, controller)
+    clock, controller = shrunk_at_eight(cluster)
     job = lambda: cluster.status("TrainingJob", "ml", "pretrain")  # noqa: E731
     assert job()["currentDP"] == 3
     evictions = len(job()["evictionHistory"])
@@ -420,14 +427,7 @@ def test_a_pool_nothing_is_being_freed_for_holds_no_training_back_from_growing()
     cluster.add("InferencePool", "t2", "elsewhere", {**unservable, "tp": 4, "accelerator": "example.com/none"})
     cluster.add("InferencePool", "t3", "too-big", {**unservable, "tp": 4, "ep": 32, "template": TEMPLATE})
     cluster.objects[("InferencePool", "t2", "elsewhere")].spec["template"] = TEMPLATE
-    clock = FixedClock(at("06:00"))
-    controller = Controller(cluster, clock, ControllerSettings(rebalance=RebalanceSettings()))
-    run(cluster, controller)
-    clock.at = at("08:00")
-    run(cluster, controller)
-    requested = cluster.status("TrainingJob", "ml", "pretrain")["eviction"]["requestedAt"]
-    cluster.annotate("TrainingJob", "ml", "pretrain", {"tidal.dev/checkpoint-done": requested})
-    run(cluster, controller)
+    clock, controller = shrunk_at_eight(cluster)
     assert cluster.status("TrainingJob", "ml", "pretrain")["currentDP"] == 3
     for pool in (("t2", "elsewhere"), ("t3", "too-big")):
         status = cluster.get("InferencePool", *pool).status
