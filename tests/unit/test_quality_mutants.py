@@ -998,6 +998,20 @@ MUTANTS = [
         "if False:",
         "tests/unit/test_watch_cache.py::test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_successor",
     ),
+    Mutant(
+        "an old pod's late update never replaces the live pod of its name",
+        WATCH,
+        "if view.terminating and not held.terminating:",
+        "if False:",
+        "tests/unit/test_watch_cache.py::test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_successor",
+    ),
+    Mutant(
+        "an announced Live shrink is never called off, even fallen back",
+        TRAINING,
+        'unwanted = None if eviction.get("generation") else _no_longer_wanted(cyc, eviction)',
+        "unwanted = _no_longer_wanted(cyc, eviction)",
+        "tests/unit/test_live_resize.py::test_a_fallen_back_live_shrink_is_carried_out_though_its_pool_no_longer_wants_the_room",
+    ),
 ]
 
 

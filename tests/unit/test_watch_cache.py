@@ -425,3 +425,10 @@ def test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_su
     cache.feed("pod", key, Deleted(new))
     cache.drain()
     assert key not in cache.pods
+    # The reviewer's order: the new pod, then the old pod's late (terminating) update, then its deletion.
+    cache = WatchCache()
+    cache.feed("pod", key, new)
+    cache.feed("pod", key, old)
+    cache.feed("pod", key, Deleted(old))
+    cache.drain()
+    assert getattr(cache.pods.get(key), "uid", None) == "new", "an old pod's late update replaced the new one"

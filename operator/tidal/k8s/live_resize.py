@@ -28,6 +28,8 @@ from tidal.placement import GangShape
 from tidal.rebalance.resize_cost import ResizeKind
 
 LIVE_CONDITION = "LiveResize"
+LIVE_RESIZES = "live_resizes:"
+"""Counter key prefix of live shrinks started (an eviction started, as checkpoint requests are)."""
 
 
 def resize_kind(view: ResourceView) -> ResizeKind:
@@ -47,7 +49,7 @@ def start(cyc: Cycle, view: ResourceView, status: dict[str, Any], *, reason: str
     timeout = live_timeout_seconds(view)
     message = f"{reason} by {by}: DP replicas {replicas} leave live, generation {generation} (timeout {timeout}s)"
     cyc.event(view, "LiveResizeRequested", message)
-    cyc.count(f"live_resizes:{reason}")
+    cyc.count(f"{LIVE_RESIZES}{reason}")
     return {
         **status,
         "worldGeneration": generation,
@@ -119,12 +121,13 @@ def fall_back(
     )
     cyc.event(view, "LiveResizeTimedOut", message, warning=True)
     cyc.count("live_resize_fallbacks")
+    cyc.count(f"checkpoint_requests:{eviction['reason']}")
+    # The same eviction, checkpoint-first: its way back (a defragmentation move's returnTo) and
+    # its generation kept. The generation marks it as announced: not called off from here on.
     restart = {
-        "reason": eviction["reason"],
-        "by": eviction.get("by", ""),
+        **{k: v for k, v in eviction.items() if k not in ("mode", "askedAt")},
         "requestedAt": cyc.stamp,
         "deadline": grace_deadline,
-        "replicas": eviction["replicas"],
     }
     conditions = set_condition(status.get("conditions", []), LIVE_CONDITION, False, "TimedOut", message, cyc.stamp)
     conditions = set_condition(

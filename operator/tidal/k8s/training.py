@@ -802,7 +802,7 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
 # -- checkpoint-first eviction ------------------------------------------------------------------
 
 
-EVICTIONS_STARTED = ("checkpoint_requests:", "evictions_taken_over:")
+EVICTIONS_STARTED = ("checkpoint_requests:", "evictions_taken_over:", live_resize.LIVE_RESIZES)
 """Prefixes of the cycle counters of evictions started (or taken over, and so going ahead after all)."""
 
 
@@ -1020,7 +1020,9 @@ def _continue_eviction(
     eviction = status["eviction"]
     if eviction.get("mode") == ResizeKind.LIVE:
         return _continue_live_shrink(cyc, view, status, pods, broken, exited)
-    unwanted = _no_longer_wanted(cyc, eviction)
+    # A Live shrink fallen back to checkpoint-first (its generation kept) was announced: survivors
+    # may have rebuilt without the leaving replicas, so it is carried out, never called off.
+    unwanted = None if eviction.get("generation") else _no_longer_wanted(cyc, eviction)
     if unwanted:
         message = f"{eviction['reason']} by {eviction['by']} called off: {unwanted}; nothing evicted"
         # Told at the end of the cycle (`tell_called_off`), unless a plan of this cycle takes it over.
@@ -1087,6 +1089,10 @@ def _continue_live_shrink(
         if live_resize.timed_out(cyc, eviction):
             return live_resize.fall_back(cyc, view, status, waiting, _grace_deadline(cyc, view))
         return status
+    if not (waiting or broken or exited or live_resize.timed_out(cyc, eviction)):
+        held_by = _way_back_held_by(cyc, view, eviction)
+        if held_by:  # a defragmentation mover, as after checkpoint-done: its room is not free yet
+            return _awaiting_way_back(cyc, view, status, held_by)
     if not waiting:
         how = f"live: every surviving pod acknowledged generation {eviction['generation']}"
     elif exited:

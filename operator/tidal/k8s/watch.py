@@ -276,10 +276,7 @@ class WatchCache:
     def _delete_pod(self, key: tuple[str, str], last: PodView) -> None:
         """A watched deletion: ignored where another pod (uid) holds the name now; its uid is
         remembered so that a late update of it does not bring it back."""
-        self._deleted_uids[key] = last.uid
-        self._deleted_uids.move_to_end(key)
-        while len(self._deleted_uids) > DELETED_REMEMBERED:
-            self._deleted_uids.popitem(last=False)
+        self._forget_uid(key, last.uid)
         held = self.pods.get(key)
         if held is not None and held.uid != last.uid:
             return
@@ -289,7 +286,21 @@ class WatchCache:
     def _upsert_pod(self, key: tuple[str, str], view: PodView | None) -> None:
         if view is not None and self._deleted_uids.get(key) == view.uid:
             return  # an update of a pod already deleted, handled after its deletion
+        held = self.pods.get(key)
+        if view is not None and held is not None and held.uid != view.uid:
+            # A name holds one pod at a time and is free only once its pod is gone, so a live pod
+            # is newer than any terminating one of its name: this is an old pod's late update.
+            if view.terminating and not held.terminating:
+                self._forget_uid(key, view.uid)
+                return
+            self._forget_uid(key, held.uid)  # replaced: its own late events must not come back
         self._put_pod(key, view)
+
+    def _forget_uid(self, key: tuple[str, str], uid: str) -> None:
+        self._deleted_uids[key] = uid
+        self._deleted_uids.move_to_end(key)
+        while len(self._deleted_uids) > DELETED_REMEMBERED:
+            self._deleted_uids.popitem(last=False)
 
     def _put_pod(self, key: tuple[str, str], view: PodView | None) -> None:
         old = self.pods.get(key)
