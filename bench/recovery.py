@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 from tests.cluster.kube import E2E, Kube, eventually
 from tests.cluster.operator_process import OperatorProcess, free_port
@@ -66,8 +67,8 @@ def job(name: str, tp: int, ep: int, pp: int, dp: int, scope: str) -> dict[str, 
 class Cluster:
     """The objects a scenario reads, through one client (kubectl per poll would cost more than it times)."""
 
-    def __init__(self, kube: Kube, nodes: int):
-        self.kube, self.nodes = kube, nodes
+    def __init__(self, kube: Kube, fleet: set[str]):
+        self.kube, self.fleet = kube, fleet
         api = load_client(str(kube.kubeconfig), pool_size=4)
         self.core, self.custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
 
@@ -79,12 +80,15 @@ class Cluster:
         return (body.get("status") or {}).get("phase")
 
     def settled(self) -> bool:
-        nodes = self.core.list_node().items
+        """The fleet's nodes all back and Ready, none fenced, and no pod of the bench left (other
+        nodes and other taints a cluster may have are not the bench's business)."""
+        nodes = [n for n in self.core.list_node().items if n.metadata.name in self.fleet]
         ready = all(
-            any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) and not n.spec.taints
+            any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            and not any(t.key == OUT_OF_SERVICE for t in n.spec.taints or [])
             for n in nodes
         )
-        return ready and len(nodes) == self.nodes and not self.core.list_namespaced_pod(NAMESPACE).items
+        return ready and len(nodes) == len(self.fleet) and not self.core.list_namespaced_pod(NAMESPACE).items
 
     def running(self, name: str, pods: int, off: str | None = None) -> bool:
         found = self.pods(name)
@@ -160,13 +164,14 @@ def scenarios(gang_pods: int) -> dict[str, tuple[dict[str, Any], bool]]:
 def run_on(kube: Kube, supernodes: int, gang_pods: int) -> dict[str, dict]:
     """Every scenario on a cluster that is up with the operator running."""
     kube.run("create", "namespace", NAMESPACE, check=False)
-    cluster = Cluster(kube, supernodes * NODES_PER_RACK)
     fleet = subprocess.run(
         [sys.executable, "-m", "tidal", "fleet", "--shape", "nvl72", "--supernodes", str(supernodes)],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
+    names = {d["metadata"]["name"] for d in yaml.safe_load_all(fleet) if d and d.get("kind") == "Node"}
+    cluster = Cluster(kube, names)
 
     def restore(node: str) -> None:
         """A deleted node made again (from the fleet's manifests), a fenced one healed."""

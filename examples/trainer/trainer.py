@@ -1,10 +1,11 @@
 """A toy trainer that keeps tidal's contract through tidal_workload: one process per pod.
 
 It counts steps, saves its step to <state>/checkpoint on a checkpoint request, starts from that
-step when it finds one, takes on a new membership when told (and says so), and exits when its
-DP replica leaves. In a pod it reads /etc/tidal/world and its service account; outside one
-(tests/cluster/test_workload_trainer.py), --server/--token-file/--ca read the pod's annotations
-through the API server as its downward API volume would show them.
+step when it finds one, takes on a new membership when told (and says so), and stops when its
+pod is deleted (its DP replica left once the survivors answered, or the job was evicted). In a
+pod it reads /etc/tidal/world and its service account; outside one
+(tests/cluster/test_workload_trainer.py), --server/--token-file/--ca read the pod's
+annotations through the API server as its downward API volume would show them.
 
     python examples/trainer/trainer.py --state /tmp/rank0 [--namespace NS --pod POD --job JOB
         --dp-rank N --rank N --server URL --token-file F --ca F]
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 from pathlib import Path
 
 from tidal_workload import ApiSource, Contract, FileSource, KubeClient, World
@@ -69,14 +71,18 @@ def main() -> int:
     )
     record(event="started")
     while True:
+        outcome = ""
         try:
             outcome = contract.poll()
-        except OSError as e:  # the pod is gone (deleted after a checkpoint): nothing left to do
-            record(event="stopped", why=str(e))
-            return 0
-        if outcome == "leave":
-            record(event="left")
-            return 0
+        except urllib.error.HTTPError as e:
+            if e.code == 404:  # its pod is gone (a leaving replica, or after a checkpoint): done
+                record(event="stopped", why="pod deleted")
+                return 0
+            record(event="error", why=str(e))  # e.g. 403 without the Role, a 5xx: tried again
+        except OSError as e:
+            record(event="error", why=str(e))
+        if outcome == "leaving":
+            record(event="leaving")  # keeps stepping until tidal deletes its pod
         step += 1
         time.sleep(args.step_seconds)
 

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from tidal.clock import parse_time
 from tidal.k8s.admission import is_queued
 from tidal.k8s.cycle import LOST_PODS_DELETED
+from tidal.k8s.live_resize import LIVE_RESIZE_FALLBACKS, LIVE_RESIZES
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.training import allocations
 from tidal.placement.defrag import stranded_free_gpus
@@ -79,6 +80,17 @@ class Metrics:
             "tidal_checkpoint_wait_seconds", "From checkpoint request to eviction", buckets=WAIT_BUCKETS, registry=r
         )
         self.restarts = PromCounter("tidal_restarts_total", "Workload restarts after failures", registry=r)
+        self.live_resizes = PromCounter(
+            "tidal_live_resizes_total",
+            "Live shrinks started (spec.elastic.resize: Live; no checkpoint request), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.live_fallbacks = PromCounter(
+            "tidal_live_resize_fallbacks_total",
+            "Live shrinks that fell back to checkpoint-first: a survivor did not acknowledge in time",
+            registry=r,
+        )
         self.pods_forced = PromCounter(
             "tidal_lost_pods_deleted_total",
             "Pods deleted by force (grace 0) because their node is gone or fenced (NotReady, out-of-service)",
@@ -140,6 +152,10 @@ class Metrics:
                 self.restarts.inc(n)
             elif key == LOST_PODS_DELETED:
                 self.pods_forced.inc(n)
+            elif key.startswith(LIVE_RESIZES):
+                self.live_resizes.labels(reason=key.removeprefix(LIVE_RESIZES)).inc(n)
+            elif key == LIVE_RESIZE_FALLBACKS:
+                self.live_fallbacks.inc(n)
             elif key == "defrag_moves":
                 self.defrag_moves.inc(n)
             elif key.startswith("evictions:"):

@@ -157,10 +157,12 @@ def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
         assert timed_out and "live-1" in timed_out[0]["message"], [e["reason"] for e in events]
         assert [e["request"] for e in trainers.log(0) if e["event"] == "saved"] == [request], "rank 0 saved for it"
         assert sorted(p["metadata"]["name"] for p in pods_of(kube, namespace, "live")) == ["live-0", "live-1"]
+        assert trainers.procs[2].wait(timeout=30) == 0, "replica 2's trainer stopped once its pod was deleted"
+        assert [e["event"] for e in trainers.log(2)][-2:] == ["leaving", "stopped"]
 
         # 2. A Live shrink of replica 1 with every survivor answering: no new checkpoint request,
         # the survivor keeps its pod, replica 1's trainer leaves and its pod goes.
-        trainers.start(1)  # started in generation 1: nothing to take on
+        trainers.start(1)  # started in generation 1: it takes it on and answers again
         eventually(lambda: trainers.log(1)[-1]["event"] == "started", timeout=30, what="trainer 1 back")
         resized_before = len([e for e in trainers.log(0) if e["event"] == "resized"])
         plant_live_shrink(kube, namespace, "live", [1], generation=2)
@@ -182,7 +184,8 @@ def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
         assert len([e for e in trainers.log(0) if e["event"] == "saved"]) == 1, "and rank 0 saved nothing more"
         resized = [e for e in trainers.log(0) if e["event"] == "resized"]
         assert len(resized) == resized_before + 1 and resized[-1]["dp"] == 1 and resized[-1]["generation"] == 2
-        assert any(e["event"] == "left" for e in trainers.log(1))
+        events_1 = [e["event"] for e in trainers.log(1)]
+        assert "leaving" in events_1 and events_1[-1] == "stopped", "it left once its pod was deleted"
         assert trainers.procs[1].wait(timeout=30) == 0
 
         # 3. A checkpoint-first suspension: the saved step is where training resumes.

@@ -781,3 +781,14 @@ def test_a_standby_that_takes_over_counts_what_the_other_replica_saved_once_and_
     assert_one_more_eviction_fits_the_budget(cluster, standby, clock)
     records = json.loads(cluster.config_maps[LEDGER][0]["records.json"])
     assert [r["gpus"] for r in records] == [32], "one record of the deleted job, neither lost nor doubled"
+
+
+def test_a_window_shorter_than_the_step_is_still_seen():
+    # Review: the walk samples every 10 minutes from now; a 5-minute window between two samples
+    # was missed, and the grow-back took it for calm.
+    brief = {
+        "tp": 8,
+        "maxReplicas": 16,
+        "schedule": {"windows": [{"start": "06:12", "end": "06:17", "minReplicas": 4}]},
+    }
+    assert scheduled_rise_s([ScheduledPool(brief, placed=0)], at("06:00"), spare_gpus=0, horizon_s=3600) == 720

@@ -3,6 +3,8 @@ here; tests/cluster/test_workload_trainer.py runs it in real processes against t
 
 from __future__ import annotations
 
+import contextlib
+
 from tidal_workload import CHECKPOINT_DONE, FILES, WORLD_ACK, Contract, World
 
 
@@ -70,10 +72,42 @@ def test_a_new_membership_is_taken_on_and_acknowledged_and_a_leaving_replica_lea
     assert calls == [("resize", World(1, 8, 2, (2,)))]
     assert writes.made == [("/api/v1/namespaces/ml/pods/job-3", {WORLD_ACK: "1"})]
     files.seen.update({"generation": "2", "world-size": "4", "dp": "1", "leaving": "1"})
-    assert c.poll() == "leave"
+    assert c.poll() == "leaving" and c.poll() == "", "told once; it keeps going until its pod is deleted"
     assert len(writes.made) == 1, "a leaving pod acknowledges nothing"
 
 
-def test_a_pod_made_in_a_generation_starts_in_it():
-    c, calls, writes = contract(Files(generation="3", world_size="12", dp="3", leaving=""))
-    assert c.poll() == "" and not calls and not writes.made
+def test_a_trainer_started_after_an_announcement_takes_it_on_and_acknowledges():
+    # Review: a process that starts in a pod already told a generation (a slow start) must answer,
+    # or the shrink falls back for nothing.
+    c, _calls, writes = contract(Files(generation="3", world_size="12", dp="3", leaving="3"), dp_rank=0)
+    assert c.poll() == "resized"
+    assert writes.made == [("/api/v1/namespaces/ml/pods/job-3", {WORLD_ACK: "3"})]
+
+
+class Flaky(Writes):
+    def __init__(self, fails: int) -> None:
+        super().__init__()
+        self.fails = fails
+
+    def annotate(self, path: str, annotations: dict[str, str]) -> None:
+        if self.fails:
+            self.fails -= 1
+            raise OSError("503")
+        super().annotate(path, annotations)
+
+
+def test_a_failed_answer_is_sent_again_without_running_the_hook_again():
+    files = Files(checkpoint_requested="t1")
+    c, calls, _ = contract(files)
+    c.client = flaky = Flaky(fails=1)
+    with contextlib.suppress(OSError):
+        c.poll()
+    assert c.poll() == "saved"
+    assert calls == [("save", "t1")], "saved once"
+    assert flaky.made and flaky.made[0][1] == {CHECKPOINT_DONE: "t1"}
+    files.seen.update({"generation": "1", "world-size": "8", "dp": "2", "leaving": "2"})
+    flaky.fails = 1
+    with contextlib.suppress(OSError):
+        c.poll()
+    assert c.poll() == "resized"
+    assert [k for k, _ in calls].count("resize") == 1, "rebuilt once"

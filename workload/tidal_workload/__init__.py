@@ -15,8 +15,7 @@ with its service account:
     contract = Contract(save=lambda request: trainer.save(), resize=lambda world: trainer.rebuild(world))
     while training:
         step()
-        if contract.poll() == "leave":   # this pod's DP replica left the job
-            break
+        contract.poll()   # a leaving replica keeps going until tidal deletes its pod
 
 The job's service account needs `patch` on `trainingjobs` (its job) and `get` and `patch` on
 `pods` in its namespace: examples/workload-rbac.yaml is such a Role and RoleBinding. Only the pod
@@ -68,10 +67,15 @@ class FileSource:
         self.path = Path(path)
 
     def read(self) -> dict[str, str]:
+        """Every file from one snapshot: the kubelet swaps the volume's `..data` link to a new
+        directory on an update, so reading through it file by file could pair an old world size
+        with a new generation."""
+        data = self.path / "..data"
+        root = data.resolve() if data.exists() else self.path
         out = {}
         for name in FILES:
             try:
-                out[name] = (self.path / name).read_text().strip()
+                out[name] = (root / name).read_text().strip()
             except OSError:
                 out[name] = ""
         return out
@@ -131,6 +135,10 @@ class Contract:
     save: Callable[[str], None]
     resize: Callable[[World], None] = lambda world: None
     cancelled: Callable[[str], None] = lambda request: None
+    leaving: Callable[[World], None] = lambda world: None
+    """Called once when this pod's DP replica leaves: it keeps running (stepping, or idle) until
+    tidal deletes its pod, which happens once every survivor has acknowledged; leaving earlier
+    could break a collective a survivor is still in."""
     source: FileSource | ApiSource | None = None
     client: KubeClient | None = None
     namespace: str = ""
@@ -144,26 +152,34 @@ class Contract:
     acked: int = 0
     """The last generation this pod acknowledged."""
 
+    taken: int = 0
+    """The last generation whose resize hook ran (acknowledged once the PATCH succeeds)."""
+    saving: str = ""
+    """The last request whose save hook ran (reported once the PATCH succeeds)."""
+
     def __post_init__(self) -> None:
         if not self.namespace:
             ns = os.environ.get("TIDAL_NAMESPACE")
             self.namespace = ns or (SERVICE_ACCOUNT / "namespace").read_text().strip()
         self.source = self.source or FileSource()
         self.client = self.client or KubeClient()
-        generation = self.source.read().get("generation", "")
-        # A pod made after a generation (a grow-back's new replica) starts in it: nothing to take on.
-        self.acked = int(generation) if generation.isdigit() else 0
 
     def poll(self) -> str:
-        """One round: "leave" once this pod's DP replica left, "saved", "resized", "cancelled" or ""."""
+        """One round: "saved", "resized", "cancelled", "leaving" (once: this pod's DP replica
+        leaves; keep going until the pod is deleted) or "". A hook runs once per request or
+        generation; a failed PATCH after it is retried at the next poll without running it again."""
         seen = self.source.read()
         generation = int(seen["generation"]) if seen["generation"].isdigit() else 0
         if generation > self.acked:
             leaving = tuple(int(r) for r in seen["leaving"].split(",") if r.strip().isdigit())
-            if self.dp_rank in leaving:
-                return "leave"
             world = World(generation, int(seen["world-size"] or 0), int(seen["dp"] or 0), leaving)
-            self.resize(world)
+            if self.dp_rank in leaving:
+                self.acked = generation
+                self.leaving(world)
+                return "leaving"
+            if self.taken < generation:
+                self.resize(world)
+                self.taken = generation
             self.client.annotate(f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}", {WORLD_ACK: str(generation)})
             self.acked = generation
             return "resized"
@@ -173,7 +189,9 @@ class Contract:
                 self.saved = request  # handled: never saved for
                 self.cancelled(request)
                 return "cancelled"
-            self.save(request)
+            if self.saving != request:
+                self.save(request)
+                self.saving = request
             if self.reports:
                 path = f"/apis/tidal.dev/v1alpha1/namespaces/{self.namespace}/trainingjobs/{self.job}"
                 self.client.annotate(path, {CHECKPOINT_DONE: request})
@@ -181,13 +199,11 @@ class Contract:
             return "saved"
         return ""
 
-    def run(self, interval_s: float = 1.0, stop: Callable[[], bool] = lambda: False) -> str:
-        """poll() every `interval_s` until `stop()` or this pod's replica leaves."""
+    def run(self, interval_s: float = 1.0, stop: Callable[[], bool] = lambda: False) -> None:
+        """poll() every `interval_s` until `stop()` (for a thread beside the training loop)."""
         while not stop():
-            if self.poll() == "leave":
-                return "leave"
+            self.poll()
             time.sleep(interval_s)
-        return ""
 
 
 __all__ = ["ApiSource", "Contract", "FileSource", "KubeClient", "World"]

@@ -251,8 +251,13 @@ class Cycle:
         """Force every tidal pod bound to a node that runs nothing, in the first cycle that sees
         it, whichever decision (a restart, a shrink, a deletion) or outside actor asked for it or
         will: a decision that finds it terminating does not ask again."""
+        served = {"TrainingJob": self.state.jobs, "InferencePool": self.state.pools}
         for pod in self.state.pods_on_lost_nodes():
-            self.delete_pod(pod, 0)
+            # Only pods of workloads this operator serves (`tidal run --namespace`): another
+            # instance serving other namespaces sees the same node gone and forces its own.
+            owners = served.get(pod.owner[0]) if pod.owner else None
+            if owners is not None and (pod.namespace, pod.owner[1]) in owners:
+                self.delete_pod(pod, 0)
 
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-cycle memo of expensive derived views (see admission._preemption_inputs)."""

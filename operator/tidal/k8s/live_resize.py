@@ -28,6 +28,8 @@ from tidal.placement import GangShape
 from tidal.rebalance.resize_cost import ResizeKind
 
 LIVE_CONDITION = "LiveResize"
+LIVE_RESIZE_FALLBACKS = "live_resize_fallbacks"
+"""Counter key: Live shrinks fallen back to checkpoint-first (tidal_live_resize_fallbacks_total)."""
 LIVE_RESIZES = "live_resizes:"
 """Counter key prefix of live shrinks started (an eviction started, as checkpoint requests are)."""
 
@@ -120,7 +122,7 @@ def fall_back(
         f"{live_timeout_seconds(view)}s: falling back to checkpoint-first for DP replicas {eviction['replicas']}"
     )
     cyc.event(view, "LiveResizeTimedOut", message, warning=True)
-    cyc.count("live_resize_fallbacks")
+    cyc.count(LIVE_RESIZE_FALLBACKS)
     cyc.count(f"checkpoint_requests:{eviction['reason']}")
     # The same eviction, checkpoint-first: its way back (a defragmentation move's returnTo) and
     # its generation kept. The generation marks it as announced: not called off from here on.

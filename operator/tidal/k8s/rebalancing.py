@@ -52,9 +52,9 @@ from tidal.rebalance.resize_cost import ResizeCosts
 Statuses = dict[str, tuple[ResourceView, dict[str, Any]]]
 
 RESIZE_COSTS = ResizeCosts()
+"""Checkpoint and restart costs by default (a job's own are not known to the operator)."""
 GROW_HORIZON = dt.timedelta(hours=12)
 """How far ahead a grow-back looks for the pools' schedules wanting its GPUs back (as the simulator)."""
-"""Checkpoint and restart costs by default (a job's own are not known to the operator)."""
 
 
 @dataclass

@@ -31,8 +31,10 @@ class ElasticSpec(ApiModel):
         "checkpoint; without every acknowledgement within liveTimeoutSeconds it falls back to checkpoint-first. "
         "A whole-job suspension is always checkpoint-first.",
     )
+    # The kubelet refreshes the downward API files within its sync period (about a minute, more
+    # under load): a trainer answers after that, so 120 s would often fall back for nothing.
     live_timeout_seconds: int = Field(
-        default=120,
+        default=300,
         ge=1,
         le=3_600,
         description="Live only: how long a shrink waits for every surviving pod's acknowledgement before it falls "

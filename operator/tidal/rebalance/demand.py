@@ -71,15 +71,35 @@ def scheduled_rise_s(pools: list[ScheduledPool], now: dt.datetime, spare_gpus: i
         return min(floor, pool.spec.get("maxReplicas", floor))
 
     base = [max(pool.placed, floor_at(pool, now)) for pool in pools]
+    end = now + dt.timedelta(seconds=horizon_s)
     steps = int(horizon_s // SCHEDULE_STEP.total_seconds())
-    for k in range(1, steps + 1):
-        at = now + k * SCHEDULE_STEP
+    # Every step, and every window's opening (a window shorter than a step falls between steps).
+    instants = {now + k * SCHEDULE_STEP for k in range(1, steps + 1)}
+    instants.update(t for pool in pools for t in _window_starts(pool.spec.get("schedule"), now, end))
+    for at in sorted(instants):
         wanted = 0
         for pool, held in zip(pools, base, strict=True):
             wanted += max(floor_at(pool, at) - held, 0) * pool.replica_gpus
         if wanted > spare_gpus:
-            return k * SCHEDULE_STEP.total_seconds()
+            return (at - now).total_seconds()
     return horizon_s
+
+
+def _window_starts(schedule: dict | None, now: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+    """The instants in (now, end] at which one of the schedule's windows opens."""
+    if not schedule or not schedule.get("windows"):
+        return []
+    zone = ZoneInfo(schedule.get("timezone", "UTC"))
+    today = now.astimezone(zone).date()
+    out = []
+    for days in range(int((end - now).total_seconds() // 86_400) + 2):
+        day = today + dt.timedelta(days=days)
+        for w in schedule["windows"]:
+            h, m = (int(x) for x in w["start"].split(":"))
+            at = dt.datetime.combine(day, dt.time(h, m), tzinfo=zone).astimezone(now.tzinfo or dt.UTC)
+            if now < at <= end:
+                out.append(at)
+    return out
 
 
 def desired_replicas(spec: dict, now: dt.datetime, current_rate: float | None) -> tuple[int, str]:
