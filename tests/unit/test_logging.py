@@ -56,3 +56,26 @@ def test_each_tidal_line_is_one_write_with_its_newline(monkeypatch):
     for text in stream.writes:
         assert text.endswith("\n") and text.count("\n") == 1
         json.loads(text)
+
+
+def test_kopf_successes_go_at_debug_and_failures_keep_their_level():
+    # Issue 36: every timer tick and watch event logged "... succeeded." at INFO.
+    from tidal.k8s.handlers import _QuietFeeds
+
+    def record(level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", level, __file__, 1, message, (), None)
+
+    root = logging.getLogger()
+    saved = root.level
+    quiet = _QuietFeeds()
+    try:
+        root.setLevel(logging.INFO)
+        assert not quiet.filter(record(logging.INFO, "Timer 'tick_jobs' succeeded."))
+        assert not quiet.filter(record(logging.INFO, "Indexer 'tidal_pods' succeeded."))
+        assert quiet.filter(record(logging.ERROR, "Handler 'feed_pods' failed with an exception."))
+        assert quiet.filter(record(logging.INFO, "Resuming operations after the pause."))
+        root.setLevel(logging.DEBUG)
+        shown = record(logging.INFO, "Timer 'tick_jobs' succeeded.")
+        assert quiet.filter(shown) and shown.levelname == "DEBUG"
+    finally:
+        root.setLevel(saved)
