@@ -114,7 +114,10 @@ def plant_live_shrink(kube: Kube, namespace: str, job: str, replicas: list[int],
         "mode": "Live",
         "generation": generation,
     }
-    patch = json.dumps({"status": {"eviction": eviction, "worldGeneration": generation}})
+    # The eviction alone: the operator holds its own last status write until the server shows
+    # every key of it (k8s/status.py), so planting a key it wrote (worldGeneration) would be
+    # ignored for a minute. The announcement reads the eviction's generation.
+    patch = json.dumps({"status": {"eviction": eviction}})
     kube.run("patch", "trainingjob", job, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
 
 
@@ -158,7 +161,9 @@ def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
         assert [e["request"] for e in trainers.log(0) if e["event"] == "saved"] == [request], "rank 0 saved for it"
         assert sorted(p["metadata"]["name"] for p in pods_of(kube, namespace, "live")) == ["live-0", "live-1"]
         assert trainers.procs[2].wait(timeout=30) == 0, "replica 2's trainer stopped once its pod was deleted"
-        assert [e["event"] for e in trainers.log(2)][-2:] == ["leaving", "stopped"]
+        events_2 = [e["event"] for e in trainers.log(2)]
+        # Told it leaves, it kept going: it took part in the fallback's (collective) checkpoint.
+        assert "leaving" in events_2 and events_2[-2:] == ["saved", "stopped"], events_2
 
         # 2. A Live shrink of replica 1 with every survivor answering: no new checkpoint request,
         # the survivor keeps its pod, replica 1's trainer leaves and its pod goes.
