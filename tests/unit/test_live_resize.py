@@ -153,3 +153,20 @@ def test_a_fallen_back_live_shrink_is_carried_out_though_its_pool_no_longer_want
     cluster.annotate("TrainingJob", "ml", "pretrain", {labels.CHECKPOINT_DONE: eviction["requestedAt"]})
     run(cluster, controller)
     assert status(cluster)["currentDP"] == 3 and len(pods(cluster)) == 48, "carried out, not called off"
+
+
+def test_a_live_grow_back_is_a_new_generation_whose_new_replicas_know_they_join():
+    cluster, clock, controller = live_day()
+    ack(cluster, 1)
+    run(cluster, controller)
+    assert status(cluster)["currentDP"] == 3
+    clock.at = at("23:05")  # the day pool is gone for the night: training grows back
+    run(cluster, controller, cycles=4)
+    st = status(cluster)
+    assert st["currentDP"] == 4 and st["worldGeneration"] == 2 and st["worldJoining"] == [3]
+    for name, pod in pods(cluster).items():
+        shown = notes(pod)
+        assert shown.get(labels.WORLD_GENERATION) == "2" and shown.get(labels.WORLD_JOINING) == "3", name
+        assert shown.get(labels.WORLD_LEAVING) == "" and shown.get(labels.WORLD_SIZE) == "256", name
+    assert len(pods(cluster)) == 64
+    check_sound(cluster)

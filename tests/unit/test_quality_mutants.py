@@ -1012,6 +1012,13 @@ MUTANTS = [
         "unwanted = _no_longer_wanted(cyc, eviction)",
         "tests/unit/test_live_resize.py::test_a_fallen_back_live_shrink_is_carried_out_though_its_pool_no_longer_wants_the_room",
     ),
+    Mutant(
+        "a Live grow-back tells the new replicas they join",
+        LIVE,
+        '"worldJoining": list(range(shape.dp, bigger.dp)),',
+        '"worldJoining": [],',
+        "tests/unit/test_live_resize.py::test_a_live_grow_back_is_a_new_generation_whose_new_replicas_know_they_join",
+    ),
 ]
 
 

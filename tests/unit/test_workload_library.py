@@ -111,3 +111,10 @@ def test_a_failed_answer_is_sent_again_without_running_the_hook_again():
         c.poll()
     assert c.poll() == "resized"
     assert [k for k, _ in calls].count("resize") == 1, "rebuilt once"
+
+
+def test_a_new_replica_of_a_grow_back_learns_it_joins():
+    c, calls, writes = contract(Files(generation="2", world_size="16", dp="4", leaving="", joining="3"), dp_rank=3)
+    assert c.poll() == "resized"
+    assert calls == [("resize", World(2, 16, 4, (), (3,)))], "it fetches the state from replicas 0-2"
+    assert writes.made == [("/api/v1/namespaces/ml/pods/job-3", {WORLD_ACK: "2"})]

@@ -41,6 +41,7 @@ def test_pods_start_with_the_world_files_and_survivors_of_a_shrink_learn_the_new
             "dp": "metadata.annotations['tidal.dev/dp']",
             "generation": "metadata.annotations['tidal.dev/world-generation']",
             "leaving": "metadata.annotations['tidal.dev/world-leaving']",
+            "joining": "metadata.annotations['tidal.dev/world-joining']",
             "checkpoint-requested": "metadata.annotations['tidal.dev/checkpoint-requested']",
             "checkpoint-cancelled": "metadata.annotations['tidal.dev/checkpoint-cancelled']",
         }

@@ -42,6 +42,7 @@ FILES = {
     "dp": ANNOTATION + "dp",
     "generation": ANNOTATION + "world-generation",
     "leaving": ANNOTATION + "world-leaving",
+    "joining": ANNOTATION + "world-joining",
     "checkpoint-requested": ANNOTATION + "checkpoint-requested",
     "checkpoint-cancelled": ANNOTATION + "checkpoint-cancelled",
 }
@@ -58,6 +59,13 @@ class World:
     dp: int
     leaving: tuple[int, ...]
     """DP replicas that leave in this generation."""
+    joining: tuple[int, ...] = ()
+    """DP replicas that joined in this generation (a grow-back): a joining replica fetches the
+    state from one of the others (any DP replica not listed holds a full copy)."""
+
+
+def _replicas(listed: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in listed.split(",") if r.strip().isdigit())
 
 
 class FileSource:
@@ -171,8 +179,10 @@ class Contract:
         seen = self.source.read()
         generation = int(seen["generation"]) if seen["generation"].isdigit() else 0
         if generation > self.acked:
-            leaving = tuple(int(r) for r in seen["leaving"].split(",") if r.strip().isdigit())
-            world = World(generation, int(seen["world-size"] or 0), int(seen["dp"] or 0), leaving)
+            leaving = _replicas(seen["leaving"])
+            world = World(
+                generation, int(seen["world-size"] or 0), int(seen["dp"] or 0), leaving, _replicas(seen["joining"])
+            )
             if self.dp_rank in leaving:
                 self.acked = generation
                 self.leaving(world)

@@ -76,6 +76,7 @@ _VIEW = "tidal_view"
 """Memo key: the view an index function made for the event being processed (kopf processes one
 object's events one at a time, index functions first, so the feed handler finds it there)."""
 
+
 class _QuietFeeds(logging.Filter):
     """kopf logs every handler's, indexer's and timer's success at INFO: each watch event and each
     timer tick (~15,000 lines in the demo's first 15 minutes, burying the decisions). They go at

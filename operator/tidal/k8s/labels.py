@@ -28,6 +28,9 @@ WORLD_GENERATION = "tidal.dev/world-generation"
 dp and WORLD_LEAVING belong to; each live resize announces a new one."""
 WORLD_LEAVING = "tidal.dev/world-leaving"
 """Pod annotation: the DP replicas leaving in that generation (comma-separated), "" when none."""
+WORLD_JOINING = "tidal.dev/world-joining"
+"""Pod annotation: the DP replicas that joined in that generation (a Live grow-back), "" when none:
+their pods fetch the state from the replicas not listed."""
 WORLD_ACK = "tidal.dev/world-ack"
 """Set by a surviving pod (tidal.workload) to the generation it has taken on: the leaving pods are
 deleted once every survivor says so."""

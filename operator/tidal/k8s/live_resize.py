@@ -55,6 +55,7 @@ def start(cyc: Cycle, view: ResourceView, status: dict[str, Any], *, reason: str
     return {
         **status,
         "worldGeneration": generation,
+        "worldJoining": [],
         "eviction": {
             "reason": reason,
             "by": by,
@@ -75,6 +76,30 @@ def announcement(shape: GangShape, replicas: list[int], generation: int) -> dict
         **world_annotations(smaller),
         labels.WORLD_GENERATION: str(generation),
         labels.WORLD_LEAVING: ",".join(str(r) for r in sorted(replicas)),
+        labels.WORLD_JOINING: "",
+    }
+
+
+def current(view: ResourceView, status: dict[str, Any], shape: GangShape) -> dict[str, str]:
+    """What every pod of a job shows between resizes: its size, and for a Live job the last
+    generation, no one leaving, and who joined in it (a grow-back's new replicas)."""
+    notes = world_annotations(shape)
+    if resize_kind(view) == ResizeKind.LIVE and status.get("worldGeneration"):
+        notes[labels.WORLD_GENERATION] = str(status["worldGeneration"])
+        notes[labels.WORLD_LEAVING] = ""
+        notes[labels.WORLD_JOINING] = ",".join(str(r) for r in status.get("worldJoining") or [])
+    return notes
+
+
+def grown(view: ResourceView, status: dict[str, Any], shape: GangShape, bigger: GangShape) -> dict[str, Any]:
+    """A Live job's grow-back is a new generation: the survivors take on the larger membership
+    and the new replicas' pods, told they are joining, fetch the state from the others."""
+    if resize_kind(view) != ResizeKind.LIVE:
+        return status
+    return {
+        **status,
+        "worldGeneration": int(status.get("worldGeneration", 0)) + 1,
+        "worldJoining": list(range(shape.dp, bigger.dp)),
     }
 
 

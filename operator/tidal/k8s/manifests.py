@@ -116,6 +116,7 @@ WORLD_FILES = {
     "dp": labels.CURRENT_DP,
     "generation": labels.WORLD_GENERATION,
     "leaving": labels.WORLD_LEAVING,
+    "joining": labels.WORLD_JOINING,
     "checkpoint-requested": labels.CHECKPOINT_REQUESTED,
     "checkpoint-cancelled": labels.CHECKPOINT_CANCELLED,
 }
@@ -149,9 +150,11 @@ def training_pods(
     shape: GangShape,
     group_nodes: dict[int, list[str]],
     claims: dict[int, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Pod name -> manifest for every pod of the placed groups (group index -> node per pod);
-    `claims`: group -> the ResourceClaimTemplate of its supernode's ComputeDomain."""
+    `claims`: group -> the ResourceClaimTemplate of its supernode's ComputeDomain; `annotations`:
+    the world annotations the pods start with (the shape's size when None)."""
     owner = owner_reference("TrainingJob", job, uid)
     master = f"{pod_name(job, 0)}.{job}.{namespace}.svc"
     pods = {}
@@ -185,7 +188,7 @@ def training_pods(
                 env=env,
                 subdomain=job,
                 priority_class_name=spec.get("priorityClassName"),
-                pod_annotations=world_annotations(shape),
+                pod_annotations=annotations or world_annotations(shape),
             )
             mount_world_files(pods[name]["spec"])
             template = (claims or {}).get(group)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.clock import parse_time
+from tidal.k8s import live_resize
 from tidal.k8s.admission import reserve_nodes, running_gangs, without_evictions_in_flight
 from tidal.k8s.compute_domains import DOMAIN_PODS_SHARE_NODE, domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
@@ -392,7 +393,7 @@ def _grown(
     hold_domain_nodes(cyc, view, grown)
     placement = [*status["placement"], *grown]
     new = {
-        **status,
+        **live_resize.grown(view, status, shape, bigger),
         **summary_fields(placement, bigger),
         "phase": "Admitted",
         "reason": f"expanding dp {shape.dp} -> {bigger.dp}",

@@ -17,7 +17,7 @@ from tidal.clock import parse_time, rfc3339
 from tidal.k8s import labels, live_resize
 from tidal.k8s.compute_domains import domain_pods_problem
 from tidal.k8s.cycle import Cycle, log
-from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods, world_annotations
+from tidal.k8s.manifests import compute_domain, headless_service, pod_name, training_pods
 from tidal.k8s.pods_ready import gone, running, timeout_seconds, why_not_running
 from tidal.k8s.state import PodView, ResourceView
 from tidal.k8s.status import condition, set_condition
@@ -189,6 +189,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             shape,
             {g: placement[g]["nodes"] for g in sorted(groups)},
             claims_by_group(domains),
+            annotations=live_resize.current(view, status, shape),
         )
         return [made[n] for n in names]
 
@@ -203,7 +204,7 @@ def reconcile_placed(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> 
             if missing_groups.intersection(domain.groups):
                 cyc.ensure_compute_domain(compute_domain(view.namespace, view.uid, view.name, domain))
 
-    _announce_world_size(cyc, view, shape, pods, expected)
+    _announce_world_size(cyc, live_resize.current(view, status, shape), pods, expected)
 
     phases = _phases(cyc, pods, expected)
     if len(phases) == len(expected) and all(p == "Succeeded" for p in phases):
@@ -240,12 +241,12 @@ def _groups_of(pod_names: list[str], pods_per_group: int) -> set[int]:
 
 
 def _announce_world_size(
-    cyc: Cycle, view: ResourceView, shape: GangShape, pods: dict[str, PodView], expected: dict[str, str]
+    cyc: Cycle, wanted: dict[str, str], pods: dict[str, PodView], expected: dict[str, str]
 ) -> None:
-    """Bring every live pod's world-size and dp annotations to the job's current shape: after an
-    elastic shrink or growth the surviving pods keep their start-time WORLD_SIZE env, and read the
-    current one from the files these annotations feed (manifests.WORLD_MOUNT)."""
-    wanted = world_annotations(shape)
+    """Bring every live pod's world annotations to `wanted` (the job's current shape, and a Live
+    job's generation: `live_resize.current`): after an elastic shrink or growth the surviving
+    pods keep their start-time WORLD_SIZE env, and read the current one from the files these
+    annotations feed (manifests.WORLD_MOUNT)."""
     for name in expected:
         pod = pods.get(name)
         if pod is None or pod.terminating or all(pod.annotations.get(k) == v for k, v in wanted.items()):

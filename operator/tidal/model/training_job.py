@@ -275,6 +275,11 @@ class TrainingJobStatus(ApiModel):
         description="Membership generation last announced to the pods of a Live job (tidal.dev/world-generation); "
         "each live resize adds one.",
     )
+    world_joining: list[int] = Field(
+        default_factory=list,
+        description="Live: the DP replicas that joined in that generation (a grow-back); their pods fetch the "
+        "state from the other replicas (tidal.dev/world-joining).",
+    )
     assignment: PlacementAssignment | None = Field(
         default=None,
         description="Group -> supernode -> nodes of every pod (compact form; `tidal placement` expands it).",
