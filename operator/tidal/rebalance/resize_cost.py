@@ -2,8 +2,8 @@
 resizes. One pure source for the capacity planner (which way of making room is cheapest), the
 simulator's tidal policy (whether a grow-back pays) and the simulator's engine (what it charges).
 
-Two kinds (`spec.elastic.resize`, proposed by the Live resize issue and not yet in the CRD: the
-operator treats every job as Restart until it is; the simulator draws the kind per job):
+Two kinds (`spec.elastic.resize` in the operator, default Restart; the simulator draws the kind
+per job):
 - Restart (torchrun elastic, and any trainer that re-forms its world from a checkpoint): a shrink
   or grow writes a checkpoint, then every worker restarts and reloads it at the new size.
 - Live (torchft, HSDP replica groups): every data-parallel replica holds the whole state, so the
