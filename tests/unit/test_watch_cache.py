@@ -425,6 +425,9 @@ def test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_su
     cache.feed("pod", key, Deleted(new))
     cache.drain()
     assert key not in cache.pods
+    cache.feed("pod", key, new)  # a late update of the deleted pod, with no other pod of its name
+    cache.drain()
+    assert key not in cache.pods, "a deleted pod came back"
     # The reviewer's order: the new pod, then the old pod's late (terminating) update, then its deletion.
     cache = WatchCache()
     cache.feed("pod", key, new)

@@ -1091,9 +1091,9 @@ def _continue_live_shrink(
             return live_resize.fall_back(cyc, view, status, waiting, _grace_deadline(cyc, view))
         return status
     if not (waiting or broken or exited or live_resize.timed_out(cyc, eviction)):
-        held_by = _way_back_held_by(cyc, view, eviction)
-        if held_by:  # a defragmentation mover, as after checkpoint-done: its room is not free yet
-            return _awaiting_way_back(cyc, view, status, held_by)
+        room_held_by = _way_back_held_by(cyc, view, eviction)
+        if room_held_by:  # a defragmentation mover, as after checkpoint-done: its room is not free yet
+            return _awaiting_way_back(cyc, view, status, room_held_by)
     if not waiting:
         how = f"live: every surviving pod acknowledged generation {eviction['generation']}"
     elif exited:
