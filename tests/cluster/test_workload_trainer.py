@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,10 @@ class Trainers:
                 str(self.workdir / "token"),
                 "--ca",
                 str(self.workdir / "ca.crt"),
+                "--peers",
+                str(self.workdir / "peers"),
+                "--dp",
+                env["TIDAL_DP"],
                 "--step-seconds",
                 "0.1",
             ],
@@ -91,13 +96,26 @@ class Trainers:
     def pod(self, name: str) -> dict:
         return self.kube.get("pod", name, "-n", self.namespace)
 
-    def log(self, replica: int) -> list[dict]:
+    def log(self, replica: int, steps: bool = False) -> list[dict]:
+        """The replica's trainer records, its "step" records only with `steps`."""
         path = self.workdir / f"replica-{replica}" / "log.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [r for r in records if steps or r["event"] != "step"]
+
+    def weights_at(self, replica: int) -> dict[int, list[float]]:
+        """Step -> the replica's weights after it (its last record of that step)."""
+        return {r["step"]: r["w"] for r in self.log(replica, steps=True) if r["event"] == "step"}
+
+    def pause(self, index: int) -> None:
+        self.procs[index].send_signal(signal.SIGSTOP)
+
+    def resume(self, index: int) -> None:
+        self.procs[index].send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
                 proc.kill()
                 proc.wait()
 
@@ -125,7 +143,7 @@ def annotations(pod: dict) -> dict[str, str]:
     return pod["metadata"].get("annotations") or {}
 
 
-def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
+def test_live_resize_fallback_grow_back_cancel_and_suspension_with_real_trainer_processes(
     kube: Kube, running_operator: OperatorProcess, namespace: str, tmp_path: Path
 ):
     kube.run("apply", "-n", namespace, "-f", str(REPO / "examples" / "workload-rbac.yaml"))
@@ -133,10 +151,15 @@ def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
     wait_phase(kube, namespace, "live", "Running")
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(kube, namespace, "live")}
     trainers = Trainers(kube, namespace, "live", tmp_path)
+    own: OperatorProcess | None = None
     try:
         for i in range(3):
             trainers.start(i)
-        eventually(lambda: all(trainers.log(r) for r in range(3)), timeout=30, what="three trainers started")
+        eventually(
+            lambda: all(any(r.get("took_part") == 3 for r in trainers.log(i, steps=True)) for i in range(3)),
+            timeout=30,
+            what="three trainers averaging their weights",
+        )
 
         # 1. A survivor that never answers (replica 1's trainer is gone, its pod runs on): after
         # liveTimeoutSeconds the shrink of replica 2 falls back to checkpoint-first; rank 0 saves
@@ -166,7 +189,7 @@ def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
         assert "leaving" in events_2 and events_2[-2:] == ["saved", "stopped"], events_2
 
         # 2. A Live shrink of replica 1 with every survivor answering: no new checkpoint request,
-        # the survivor keeps its pod, replica 1's trainer leaves and its pod goes.
+        # the survivor keeps its pod and its weights, replica 1's trainer leaves and its pod goes.
         trainers.start(1)  # started in generation 1: it takes it on and answers again
         eventually(lambda: trainers.log(1)[-1]["event"] == "started", timeout=30, what="trainer 1 back")
         resized_before = len([e for e in trainers.log(0) if e["event"] == "resized"])
@@ -189,19 +212,124 @@ def test_live_shrink_fallback_and_suspension_with_real_trainer_processes(
         assert len([e for e in trainers.log(0) if e["event"] == "saved"]) == 1, "and rank 0 saved nothing more"
         resized = [e for e in trainers.log(0) if e["event"] == "resized"]
         assert len(resized) == resized_before + 1 and resized[-1]["dp"] == 1 and resized[-1]["generation"] == 2
+        # Training went on with the weights it had: no reload, the step after the resize follows on.
+        at = resized[-1]["step"]
+        eventually(lambda: at + 1 in trainers.weights_at(0), timeout=10, what="a step after the resize")
+        assert trainers.weights_at(0)[at - 1] == resized[-1]["w"], "the resize kept the weights"
+        assert [e["event"] for e in trainers.log(0)].count("started") == 1, "the survivor never restarted"
         events_1 = [e["event"] for e in trainers.log(1)]
         assert "leaving" in events_1 and events_1[-1] == "stopped", "it left once its pod was deleted"
         assert trainers.procs[1].wait(timeout=30) == 0
 
-        # 3. A checkpoint-first suspension: the saved step is where training resumes.
+        # 3. A Live grow-back: an operator of the test's own with a grow-back cooldown of 1 s (the
+        # session operator's is 10 min) grows the job back to dp 3 in a new generation; the new
+        # replicas' pods say who joins, their trainers fetch the survivor's state, and from then on
+        # all three hold the same weights.
+        running_operator.stop()
+        own = OperatorProcess(
+            kube.kubeconfig, tmp_path, "--discover-supernodes", "tidal.dev/supernode", "--grow-back-cooldown", "1"
+        )
+        own.start()
+        eventually(
+            lambda: (
+                status(kube, namespace, "live").get("currentDP") == 3
+                and status(kube, namespace, "live").get("phase") == "Running"
+            ),
+            timeout=90,
+            what="the grow-back to dp 3",
+        )
+        grown = status(kube, namespace, "live")
+        assert grown["worldGeneration"] == 3 and grown["worldJoining"] == [1, 2], grown
+        pods = {p["metadata"]["name"]: p for p in pods_of(kube, namespace, "live")}
+        assert pods["live-0"]["metadata"]["uid"] == uids["live-0"], "the survivor was not replaced"
+        for name in ("live-1", "live-2"):
+            assert annotations(pods[name]).get("tidal.dev/world-joining") == "1,2", annotations(pods[name])
+        trainers.start(1)
+        trainers.start(2)
+        eventually(
+            lambda: annotations(trainers.pod("live-0")).get("tidal.dev/world-ack") == "3",
+            timeout=30,
+            what="the survivor to take on generation 3",
+        )
+        for replica in (1, 2):
+            joined = eventually(
+                lambda r=replica: [e for e in trainers.log(r) if e["event"] == "joined" and e["generation"] == 3],
+                timeout=30,
+                what=f"replica {replica} to join",
+            )[-1]
+            assert trainers.weights_at(0)[joined["step"]] == joined["w"], "it fetched the survivor's weights"
+        eventually(
+            lambda: any(r.get("took_part") == 3 for r in trainers.log(1, steps=True)[-5:]),
+            timeout=30,
+            what="the three averaging",
+        )
+        both = sorted(set(trainers.weights_at(0)) & set(trainers.weights_at(1)) & set(trainers.weights_at(2)))
+        assert both and all(
+            trainers.weights_at(0)[s] == trainers.weights_at(1)[s] == trainers.weights_at(2)[s] for s in both[-3:]
+        ), "three replicas in lockstep with the same weights"
+
+        # 4. A cancelled checkpoint request: the request went out (annotated as the operator sends
+        # it) for a pool that is then gone; the operator calls it off and every pod learns it. The
+        # trainers were paused meanwhile, so they see the request and its cancellation together:
+        # none saves, and the job keeps its pods.
+        for i in range(3):
+            trainers.pause(i)
+        saved_before = len([e for e in trainers.log(0) if e["event"] == "saved"])
+        asked = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for obj in ("trainingjob/live", "pod/live-0", "pod/live-1", "pod/live-2"):
+            kube.run("annotate", "-n", namespace, obj, f"tidal.dev/checkpoint-requested={asked}", "--overwrite")
+        eviction = {
+            "reason": "Rebalanced",
+            "by": f"InferencePool {namespace}/gone",
+            "requestedAt": asked,
+            "askedAt": asked,
+            "deadline": "2100-01-01T00:00:00Z",
+            "replicas": [],
+        }
+        patch = json.dumps({"status": {"eviction": eviction}})
+        kube.run("patch", "trainingjob", "live", "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+        eventually(
+            lambda: all(
+                annotations(trainers.pod(f"live-{i}")).get("tidal.dev/checkpoint-cancelled") == asked for i in range(3)
+            ),
+            timeout=30,
+            what="the cancellation on every pod",
+        )
+        for i in range(3):
+            trainers.resume(i)
+        eventually(
+            lambda: [e["request"] for e in trainers.log(0) if e["event"] == "cancelled"] == [asked],
+            timeout=30,
+            what="the trainer to notice the cancellation",
+        )
+        assert len([e for e in trainers.log(0) if e["event"] == "saved"]) == saved_before, "nothing saved for it"
+        job_notes = kube.get("trainingjob", "live", "-n", namespace)["metadata"].get("annotations") or {}
+        assert job_notes.get("tidal.dev/checkpoint-done") != asked
+        assert sorted(p["metadata"]["name"] for p in pods_of(kube, namespace, "live")) == ["live-0", "live-1", "live-2"]
+        assert "eviction" not in status(kube, namespace, "live")
+
+        # 5. A checkpoint-first suspension: the saved step and weights are where training resumes.
         kube.run("patch", "trainingjob", "live", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
         wait_phase(kube, namespace, "live", "Suspended", timeout=90)
-        saved = [e for e in trainers.log(0) if e["event"] == "saved"][-1]["step"]
-        assert trainers.procs[0].wait(timeout=30) == 0, "the trainer stops once its pod is gone"
+        saved = [e for e in trainers.log(0) if e["event"] == "saved"][-1]
+        assert all(trainers.procs[i].wait(timeout=30) == 0 for i in range(3)), "trainers stop once their pods go"
         kube.run("patch", "trainingjob", "live", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}')
         wait_phase(kube, namespace, "live", "Running", timeout=90)
+        starts = len([e for e in trainers.log(0) if e["event"] == "started"])
         trainers.start(0)
-        eventually(lambda: trainers.log(0)[-1]["event"] == "started", timeout=30, what="the trainer restarted")
-        assert trainers.log(0)[-1]["step"] == saved, "resumed from the step it saved"
+        eventually(
+            lambda: len([e for e in trainers.log(0) if e["event"] == "started"]) > starts,
+            timeout=30,
+            what="the trainer restarted",
+        )
+        started = [e for e in trainers.log(0) if e["event"] == "started"][-1]
+        assert (started["step"], started["w"]) == (saved["step"], saved["w"]), "resumed from what it saved"
+        pod = trainers.pod("live-0")
+        assert annotations(pod).get("tidal.dev/world-joining") == "", "a restart from the checkpoint: nobody joins"
+        assert annotations(pod).get("tidal.dev/world-generation") == "3", "the generation never goes back"
     finally:
         trainers.stop()
+        if own is not None:
+            kube.run("delete", "trainingjobs", "--all", "-n", namespace, "--timeout=60s", check=False)
+            own.stop()
+            running_operator.start()

@@ -170,3 +170,27 @@ def test_a_live_grow_back_is_a_new_generation_whose_new_replicas_know_they_join(
         assert shown.get(labels.WORLD_LEAVING) == "" and shown.get(labels.WORLD_SIZE) == "256", name
     assert len(pods(cluster)) == 64
     check_sound(cluster)
+
+
+def test_a_finished_live_shrinks_generation_is_the_jobs_though_the_status_lost_it():
+    """A status that no longer holds worldGeneration (restored from an older write, or an eviction
+    recorded without it) still ends the shrink at its generation, so the grow-back after it is a
+    higher one that trainers which acknowledged the shrink take on."""
+    cluster, clock, controller = live_day()
+    st = status(cluster)
+    cluster.patch_status("TrainingJob", "ml", "pretrain", {**st, "worldGeneration": None})
+    ack(cluster, 1)
+    run(cluster, controller)
+    assert status(cluster)["currentDP"] == 3 and status(cluster).get("worldGeneration") == 1
+    clock.at = at("23:05")
+    run(cluster, controller, cycles=4)
+    assert status(cluster)["worldGeneration"] == 2 and status(cluster)["currentDP"] == 4
+
+
+def test_a_job_that_holds_nothing_has_nobody_joining_but_keeps_its_generation():
+    """After a suspension or preemption the next start loads the checkpoint on every pod: no
+    replica is told to fetch the state from peers that have none, and the generation only grows."""
+    from tidal.k8s.training import _cleared
+
+    cleared = _cleared({"phase": "Running", "currentDP": 4, "worldGeneration": 2, "worldJoining": [3]})
+    assert "worldJoining" not in cleared and cleared["worldGeneration"] == 2

@@ -790,6 +790,7 @@ def _cleared(status: dict[str, Any]) -> dict[str, Any]:
             "eviction",
             "restartingGroups",
             "worldSize",
+            "worldJoining",  # a whole restart loads the checkpoint: nobody joins (the generation stays)
             "computeDomains",
             "staleComputeDomains",
         )
@@ -1133,6 +1134,11 @@ def _evict(
         cyc.event(view, "Shrunk", f"gave back DP replicas {replicas} {how}: dp {shape.dp} -> {new_shape.dp}")
         cyc.count(f"evictions:{eviction['reason']}:shrink")
         out = {k: v for k, v in status.items() if k != "eviction"}
+        if eviction.get("generation"):
+            # The generation the survivors took on is the job's from now on, whatever the status
+            # held (a status restored from an older write): a grow-back's generation must exceed
+            # every one a pod has shown, or trainers that acknowledged it would ignore the next.
+            out["worldGeneration"] = max(int(out.get("worldGeneration") or 0), int(eviction["generation"]))
         return {**out, **summary_fields(kept, new_shape), "conditions": conditions, "evictionHistory": history}
     _release(cyc, view, status, pods)
     cyc.count(f"evictions:{eviction['reason']}:whole")
