@@ -134,8 +134,10 @@ def main() -> int:
         if outcome == "leaving":
             record(event="leaving")  # keeps stepping until tidal deletes its pod
         local, loss = sgd_step(weights, data, step)
+        at = step
         step, weights, took_part = peers.average(step, local, members)
-        record(event="step", w=weights, loss=loss, took_part=took_part)
+        # `local`: this replica's own SGD step from the weights it had, before averaging.
+        record(event="step", w=weights, local=local, local_step=at, loss=loss, took_part=took_part)
         step += 1
         time.sleep(args.step_seconds)
 

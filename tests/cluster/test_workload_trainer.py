@@ -24,6 +24,8 @@ from .operator_process import OperatorProcess
 from .test_operator import TEMPLATE, pods_of, status, submit, wait_phase
 
 TRAINER = REPO / "examples" / "trainer" / "trainer.py"
+sys.path.insert(0, str(TRAINER.parent))
+from trainer import sgd_step, shard  # noqa: E402  (the example is a script directory, not a package)
 
 
 def live_job(name: str) -> dict:
@@ -101,6 +103,9 @@ class Trainers:
         path = self.workdir / f"replica-{replica}" / "log.jsonl"
         records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         return [r for r in records if steps or r["event"] != "step"]
+
+    def steps(self, replica: int) -> list[dict]:
+        return [r for r in self.log(replica, steps=True) if r["event"] == "step"]
 
     def weights_at(self, replica: int) -> dict[int, list[float]]:
         """Step -> the replica's weights after it (its last record of that step)."""
@@ -212,11 +217,16 @@ def test_live_resize_fallback_grow_back_cancel_and_suspension_with_real_trainer_
         assert len([e for e in trainers.log(0) if e["event"] == "saved"]) == 1, "and rank 0 saved nothing more"
         resized = [e for e in trainers.log(0) if e["event"] == "resized"]
         assert len(resized) == resized_before + 1 and resized[-1]["dp"] == 1 and resized[-1]["generation"] == 2
-        # Training went on with the weights it had: no reload, the step after the resize follows on.
+        # Training went on from the weights it had: its first step after the resize is its own SGD
+        # step from them (alone now, so the mean is that step), and it never reloaded.
         at = resized[-1]["step"]
-        eventually(lambda: at + 1 in trainers.weights_at(0), timeout=10, what="a step after the resize")
-        assert trainers.weights_at(0)[at - 1] == resized[-1]["w"], "the resize kept the weights"
+        eventually(lambda: at in trainers.weights_at(0), timeout=10, what="a step after the resize")
+        assert trainers.weights_at(0)[at] == sgd_step(resized[-1]["w"], shard(0), at)[0], "the resize kept the weights"
         assert [e["event"] for e in trainers.log(0)].count("started") == 1, "the survivor never restarted"
+        # Restarted in a pod that still carries the fallback's served request, trainer 1 did not
+        # enter that (collective) checkpoint alone.
+        restarted = max(i for i, e in enumerate(trainers.log(1)) if e["event"] == "started")
+        assert not [e for e in trainers.log(1)[restarted:] if e["event"] == "saved"], trainers.log(1)[restarted:]
         events_1 = [e["event"] for e in trainers.log(1)]
         assert "leaving" in events_1 and events_1[-1] == "stopped", "it left once its pod was deleted"
         assert trainers.procs[1].wait(timeout=30) == 0
@@ -257,7 +267,18 @@ def test_live_resize_fallback_grow_back_cancel_and_suspension_with_real_trainer_
                 timeout=30,
                 what=f"replica {replica} to join",
             )[-1]
-            assert trainers.weights_at(0)[joined["step"]] == joined["w"], "it fetched the survivor's weights"
+            survivor = eventually(
+                lambda j=joined: trainers.weights_at(0).get(j["step"]), timeout=10, what="the survivor's step logged"
+            )
+            assert survivor == joined["w"], "it fetched the survivor's weights at that step"
+            first = eventually(
+                lambda r=replica, j=joined: [s for s in trainers.steps(r) if s["local_step"] > j["step"]],
+                timeout=30,
+                what=f"replica {replica}'s first step after joining",
+            )[0]
+            assert first["local"] == sgd_step(joined["w"], shard(replica), first["local_step"])[0], (
+                "and trained on from them"
+            )
         eventually(
             lambda: any(r.get("took_part") == 3 for r in trainers.log(1, steps=True)[-5:]),
             timeout=30,
@@ -311,7 +332,10 @@ def test_live_resize_fallback_grow_back_cancel_and_suspension_with_real_trainer_
         # 5. A checkpoint-first suspension: the saved step and weights are where training resumes.
         kube.run("patch", "trainingjob", "live", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
         wait_phase(kube, namespace, "live", "Suspended", timeout=90)
+        suspension = kube.get("trainingjob", "live", "-n", namespace)["metadata"]["annotations"]
         saved = [e for e in trainers.log(0) if e["event"] == "saved"][-1]
+        assert saved["request"] == suspension["tidal.dev/checkpoint-requested"] != asked, "saved for the suspension"
+        assert suspension["tidal.dev/checkpoint-done"] == saved["request"], "and reported it"
         assert all(trainers.procs[i].wait(timeout=30) == 0 for i in range(3)), "trainers stop once their pods go"
         kube.run("patch", "trainingjob", "live", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}')
         wait_phase(kube, namespace, "live", "Running", timeout=90)

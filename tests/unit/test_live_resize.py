@@ -194,3 +194,17 @@ def test_a_job_that_holds_nothing_has_nobody_joining_but_keeps_its_generation():
 
     cleared = _cleared({"phase": "Running", "currentDP": 4, "worldGeneration": 2, "worldJoining": [3]})
     assert "worldJoining" not in cleared and cleared["worldGeneration"] == 2
+
+
+def test_a_new_generation_is_above_every_one_a_pod_shows_or_acknowledged():
+    """Generations never repeat: a pod that acknowledged 5 (a status restored from an older write
+    says 1) would take a second generation 2 as acknowledged, and the leaving pods would go before
+    any survivor rebuilt."""
+    cluster, clock, controller = live_day()
+    ack(cluster, 1)
+    run(cluster, controller)
+    name = sorted(pods(cluster))[0]
+    cluster.annotate_pod("ml", name, {labels.WORLD_ACK: "5"})
+    clock.at = at("23:05")
+    run(cluster, controller, cycles=4)
+    assert status(cluster)["worldGeneration"] == 6 and status(cluster)["currentDP"] == 4

@@ -54,6 +54,22 @@ def test_a_leaving_replicas_weights_are_not_counted(replicas):
     assert results[:2] == [(4, [1.0], 2), (4, [1.0], 2)]
 
 
+def test_weights_sent_for_another_step_are_not_averaged_in_and_their_sender_takes_the_rounds(replicas):
+    # Replica 2 fell behind (it stepped alone, or restarted from an older checkpoint): step 3.
+    results: list = [None] * 3
+
+    def run(i: int, step: int, w: float) -> None:
+        results[i] = replicas[i].average(step, [w], [0, 1, 2])
+
+    threads = [threading.Thread(target=run, args=a) for a in ((0, 5, 0.0), (1, 5, 2.0), (2, 3, 100.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert results[:2] == [(5, [1.0], 2), (5, [1.0], 2)]
+    assert results[2] == (5, [1.0], 2), "it takes on the round's mean and step"
+
+
 def test_a_joining_replica_fetches_the_leaders_latest_state(replicas):
     one_round(replicas[:2], [[1.0, 2.0], [3.0, 4.0]], [0, 1], step=9)
     assert replicas[2].fetch([0, 1]) == (9, [2.0, 3.0])

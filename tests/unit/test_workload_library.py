@@ -17,8 +17,14 @@ class Files:
 
 
 class Writes:
-    def __init__(self) -> None:
+    def __init__(self, done: str = "") -> None:
         self.made: list[tuple[str, dict[str, str]]] = []
+        self.done = done
+        """The job's checkpoint-done, as a GET of the TrainingJob shows it."""
+
+    def get(self, path: str) -> dict:
+        assert path == "/apis/tidal.dev/v1alpha1/namespaces/ml/trainingjobs/job", path
+        return {"metadata": {"annotations": {CHECKPOINT_DONE: self.done} if self.done else {}}}
 
     def annotate(self, path: str, annotations: dict[str, str]) -> None:
         self.made.append((path, annotations))
@@ -118,3 +124,15 @@ def test_a_new_replica_of_a_grow_back_learns_it_joins():
     assert c.poll() == "resized"
     assert calls == [("resize", World(2, 16, 4, (), (3,)))], "it fetches the state from replicas 0-2"
     assert writes.made == [("/api/v1/namespaces/ml/pods/job-3", {WORLD_ACK: "2"})]
+
+
+def test_a_request_the_job_already_reported_is_not_saved_for_again_by_a_restarted_trainer():
+    """tidal leaves a served request on the pods; a trainer that starts afterwards in such a pod
+    (a container restart, a survivor's trainer restarted) must not enter a collective save alone."""
+    files = Files(checkpoint_requested="2026-05-01T08:00:00Z")
+    c, calls, writes = contract(files)
+    writes.done = "2026-05-01T08:00:05Z"
+    assert c.poll() == "" and c.poll() == ""
+    assert calls == [] and writes.made == []
+    files.seen["checkpoint-requested"] = "2026-05-01T09:00:00Z"  # a new request is saved for
+    assert c.poll() == "saved" and calls == [("save", "2026-05-01T09:00:00Z")]

@@ -25,6 +25,7 @@ rank's has); every surviving pod acknowledges a membership for itself.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import ssl
@@ -62,6 +63,10 @@ class World:
     joining: tuple[int, ...] = ()
     """DP replicas that joined in this generation (a grow-back): a joining replica fetches the
     state from one of the others (any DP replica not listed holds a full copy)."""
+
+
+def _time(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _replicas(listed: str) -> tuple[int, ...]:
@@ -200,6 +205,9 @@ class Contract:
                 self.cancelled(request)
                 return "cancelled"
             if self.saving != request:
+                if self._reported(request):
+                    self.saved = request  # served before this process started: a lone save would hang
+                    return ""
                 self.save(request)
                 self.saving = request
             if self.reports:
@@ -208,6 +216,17 @@ class Contract:
             self.saved = request
             return "saved"
         return ""
+
+    def _reported(self, request: str) -> bool:
+        """Whether the job already shows checkpoint-done for `request` (or later). A trainer that
+        restarts in a pod that still carries a served request (tidal leaves it in place) must not
+        save for it: a checkpoint is collective, and the other ranks are not in it."""
+        path = f"/apis/tidal.dev/v1alpha1/namespaces/{self.namespace}/trainingjobs/{self.job}"
+        done = ((self.client.get(path).get("metadata") or {}).get("annotations") or {}).get(CHECKPOINT_DONE, "")
+        try:
+            return bool(done) and _time(done) >= _time(request)
+        except ValueError:
+            return False
 
     def run(self, interval_s: float = 1.0, stop: Callable[[], bool] = lambda: False) -> None:
         """poll() every `interval_s` until `stop()` (for a thread beside the training loop)."""

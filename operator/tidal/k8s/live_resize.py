@@ -45,9 +45,22 @@ def live_timeout_seconds(view: ResourceView) -> int:
     return int(elastic.get("liveTimeoutSeconds", ElasticSpec.model_fields["live_timeout_seconds"].default))
 
 
+def next_generation(cyc: Cycle, view: ResourceView, status: dict[str, Any]) -> int:
+    """One above every generation the job has used: its status's, its eviction's, and every one
+    its pods show or acknowledged. A generation used twice would be acknowledged by the answers
+    to the first (`acknowledged` reads "this one or later"), and a lower one ignored by trainers."""
+    shown = [int(status.get("worldGeneration") or 0), int((status.get("eviction") or {}).get("generation") or 0)]
+    for pod in cyc.state.pods_of("TrainingJob", view.namespace, view.name):
+        for key in (labels.WORLD_GENERATION, labels.WORLD_ACK):
+            value = pod.annotations.get(key, "")
+            if value.isdigit():
+                shown.append(int(value))
+    return max(shown) + 1
+
+
 def start(cyc: Cycle, view: ResourceView, status: dict[str, Any], *, reason: str, by: str, replicas: list[int]) -> dict:
     """Record a Live shrink of `replicas`: a new generation, announced from this cycle on."""
-    generation = int(status.get("worldGeneration", 0)) + 1
+    generation = next_generation(cyc, view, status)
     timeout = live_timeout_seconds(view)
     message = f"{reason} by {by}: DP replicas {replicas} leave live, generation {generation} (timeout {timeout}s)"
     cyc.event(view, "LiveResizeRequested", message)
@@ -91,14 +104,16 @@ def current(view: ResourceView, status: dict[str, Any], shape: GangShape) -> dic
     return notes
 
 
-def grown(view: ResourceView, status: dict[str, Any], shape: GangShape, bigger: GangShape) -> dict[str, Any]:
+def grown(
+    cyc: Cycle, view: ResourceView, status: dict[str, Any], shape: GangShape, bigger: GangShape
+) -> dict[str, Any]:
     """A Live job's grow-back is a new generation: the survivors take on the larger membership
     and the new replicas' pods, told they are joining, fetch the state from the others."""
     if resize_kind(view) != ResizeKind.LIVE:
         return status
     return {
         **status,
-        "worldGeneration": int(status.get("worldGeneration", 0)) + 1,
+        "worldGeneration": next_generation(cyc, view, status),
         "worldJoining": list(range(shape.dp, bigger.dp)),
     }
 

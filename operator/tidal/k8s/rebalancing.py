@@ -393,7 +393,7 @@ def _grown(
     hold_domain_nodes(cyc, view, grown)
     placement = [*status["placement"], *grown]
     new = {
-        **live_resize.grown(view, status, shape, bigger),
+        **live_resize.grown(cyc, view, status, shape, bigger),
         **summary_fields(placement, bigger),
         "phase": "Admitted",
         "reason": f"expanding dp {shape.dp} -> {bigger.dp}",
