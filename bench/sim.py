@@ -60,6 +60,7 @@ def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
         "live_share": base.live_share,
         "window_offset_days": base.window_offset_days,
         "bursts": base.bursts,
+        "training_preemption": base.training_preemption,
         "wall_s_per_seed": [r["wall_s"] for r in runs],
         "wall_s_by_policy": [r["wall_s_by_policy"] for r in runs],
         "cpu_s_by_policy": [r["cpu_s_by_policy"] for r in runs],
@@ -177,6 +178,12 @@ def main() -> None:
     parser.add_argument(
         "--no-bursts", action="store_true", help="inference demand as 10-minute means (the old, smoothed model)"
     )
+    parser.add_argument(
+        "--no-training-preemption",
+        action="store_true",
+        help="queued training never evicts lower-priority training (the model before it; default: it does,"
+        " autoscale-preempt killing whole gangs, tidal checkpointing first)",
+    )
     parser.add_argument("--out", type=Path, help="write the first seed's table, JSON and plots here (e.g. docs/sim)")
     parser.add_argument("--sweep", action="store_true", help="load sweep instead of the single table")
     parser.add_argument(
@@ -196,6 +203,7 @@ def main() -> None:
         live_share=args.live_share,
         window_offset_days=args.window_offset_days,
         bursts=not args.no_bursts,
+        training_preemption=not args.no_training_preemption,
     )
     if args.quick:
         base, seeds = dataclasses.replace(base, gpus=1440, days=1), seeds[:1]

@@ -150,6 +150,8 @@ def command(result: dict) -> str:
         parts.append(f"--live-share {result['live_share']}")
     if not result.get("bursts", True):
         parts.append("--no-bursts")
+    if not result.get("training_preemption", False):  # a run from before the flag: the old model
+        parts.append("--no-training-preemption")
     parts += [f"--policy {n}" for n in result["policies"]]
     return " ".join(parts)
 
@@ -158,7 +160,8 @@ def caption(result: dict) -> str:
     return (
         f"{result['gpus']:,} GPUs ({result['shape']}), {result['days']} days, seeds {result['seeds']}, "
         f"trace window +{result.get('window_offset_days', 0)} days, Live share {result.get('live_share', 0.0):.0%}, "
-        f"{'bursty per-minute' if result.get('bursts', True) else '10-minute mean'} demand"
+        f"{'bursty per-minute' if result.get('bursts', True) else '10-minute mean'} demand, "
+        f"{'training preempts lower-priority training' if result.get('training_preemption') else 'only pools preempt'}"
     )
 
 

@@ -73,6 +73,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         live_share=args.live_share,
         window_offset_days=args.window_offset_days,
         bursts=not args.no_bursts,
+        training_preemption=not args.no_training_preemption,
     )
     result = run_scenario(scenario, args.policy or None, jobs=args.jobs)
     print(table(result))
@@ -159,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--no-bursts", action="store_true", help="inference demand as 10-minute means (the old, smoothed model)"
+    )
+    sim.add_argument(
+        "--no-training-preemption",
+        action="store_true",
+        help="queued training never evicts lower-priority training (default: it does, as the operator's admission)",
     )
     sim.add_argument("--out", type=Path, default=Path("sim-out"), help="where the table, JSON and plots go")
     sim.add_argument(

@@ -49,5 +49,7 @@ def test_tidal_sim_takes_every_policy_and_the_tide_options():
     parser = build_parser()
     args = parser.parse_args(["sim", "--live-share", "0.5", "--window-offset-days", "4", "--no-bursts"])
     assert (args.live_share, args.window_offset_days, args.no_bursts) == (0.5, 4, True)
+    assert not args.no_training_preemption, "training preempts training unless told otherwise"
+    assert parser.parse_args(["sim", "--no-training-preemption"]).no_training_preemption
     sim = next(a for a in parser._subparsers._group_actions[0].choices["sim"]._actions if a.dest == "policy")
     assert set(sim.choices) == set(POLICIES)

@@ -48,6 +48,7 @@ RESIZE_COST = "rebalance/resize_cost.py"
 DEMAND = "rebalance/demand.py"
 ENGINE = "sim/engine.py"
 SIM_POLICIES = "sim/policies.py"
+SIM_RUN = "sim/run.py"
 COST_TESTS = "tests/unit/test_resize_cost.py::"
 TIDE = "tests/unit/test_sim_tide.py::"
 SIM_CONSERVED = (
@@ -129,6 +130,7 @@ SAFETY = {
     # The simulator still conserves GPUs and jobs at every event, Live resizes included.
     ENGINE: SIM_CONSERVED,
     SIM_POLICIES: SIM_CONSERVED,
+    SIM_RUN: SIM_CONSERVED,
 }
 """The module's property tests of the safety invariants: a mutant must still pass them, so that it
 makes plans that are valid but worse (the rule removed), not plans that are broken."""
@@ -982,6 +984,56 @@ MUTANTS = [
         "if live_resize.timed_out(cyc, eviction):",
         "if False:",
         "tests/unit/test_live_resize.py::test_a_live_shrink_nobody_acknowledges_falls_back_to_checkpoint_first_after_the_timeout",
+    ),
+    Mutant(
+        "a finished Live shrink's generation is the job's",
+        TRAINING,
+        'out["worldGeneration"] = max(int(out.get("worldGeneration") or 0), int(eviction["generation"]))',
+        "pass",
+        "tests/unit/test_live_resize.py::test_a_finished_live_shrinks_generation_is_the_jobs_though_the_status_lost_it",
+    ),
+    Mutant(
+        "a job that holds nothing has nobody joining",
+        TRAINING,
+        '            "worldJoining",  # a whole restart loads the checkpoint: nobody joins (the generation stays)\n',
+        "",
+        "tests/unit/test_live_resize.py::test_a_job_that_holds_nothing_has_nobody_joining_but_keeps_its_generation",
+    ),
+    Mutant(
+        "a new generation is above every one a pod shows or acknowledged",
+        LIVE,
+        "                shown.append(int(value))\n",
+        "                pass\n",
+        "tests/unit/test_live_resize.py::test_a_new_generation_is_above_every_one_a_pod_shows_or_acknowledged",
+    ),
+    # training preemption in the simulator (issue 33, point 5)
+    Mutant(
+        "tidal's training preemption is checkpoint-first",
+        SIM_POLICIES,
+        "sim.request_checkpoint(victim, () if eviction.whole else eviction.replicas)",
+        "sim.kill(victim)",
+        TIDE + "test_tidal_preempts_training_for_training_as_the_operator_does_shrinking_after_a_checkpoint[Tidal]",
+    ),
+    Mutant(
+        "queued training preempts lower-priority training when the scenario says so",
+        SIM_POLICIES,
+        "        if self.training_preemption:\n            self.preempt_for_waiting(sim)\n",
+        "",
+        TIDE + "test_autoscale_preempt_kills_a_whole_lower_priority_gang_and_starts_the_job_at_once",
+    ),
+    Mutant(
+        "the room a preemption frees is held for its job",
+        SIM_POLICIES,
+        "            sim.hold(job_id, room.nodes)\n",
+        "",
+        TIDE + "test_the_room_a_preemption_makes_is_held_for_its_job_until_the_last_victim_is_gone",
+    ),
+    Mutant(
+        "a scenario hands its training preemption to the policy",
+        SIM_RUN,
+        "    policy.training_preemption = scenario.training_preemption\n",
+        "",
+        TIDE + "test_a_scenario_hands_its_training_preemption_to_the_policy",
     ),
     # the watch cache (issue 34): a pod's late deletion never drops its successor
     Mutant(

@@ -421,3 +421,101 @@ def test_no_policy_reads_the_present_or_the_future(name):
     totals = sim.run()
     assert totals.useful_work > 0
     assert name == "autoscale-preempt" or policy.forecasts, "the forecast was asked (from day 1 on)"
+
+
+# -- training preemption (Scenario.training_preemption) ------------------------------------------
+def full_of_low_priority(policy) -> tuple[Simulation, Job, Job]:
+    """One rack (72 GPUs) full with a priority-0 elastic job (9 replicas of 8 GPUs, down to 1);
+    queued: a rigid priority-2 job of 16 GPUs. Training preemption on."""
+    policy.training_preemption = True
+    sim = Simulation(snapshot_for(build_fleet("nvl72", 1), 0), Workload(1, dict(EMPTY), [], []), policy)
+    victim = started(sim, JobShape(8, 1, 1, 9, 4, 1), job_id=9)
+    until(sim, 1800)
+    job = Job(TrainingArrival(1, sim.now, JobShape(8, 1, 1, 2, 4, 1), 1e6, 2, True, None), dp=2, remaining=1e9)
+    sim.jobs[job.id] = job
+    sim.queue.append(job)
+    return sim, victim, job
+
+
+@pytest.mark.parametrize("policy", [Tidal, TidalWhole])
+def test_tidal_preempts_training_for_training_as_the_operator_does_shrinking_after_a_checkpoint(policy):
+    sim, victim, job = full_of_low_priority(policy(budget_share=None))
+    sim.policy.admit(sim)
+    assert victim.state == "checkpointing" and victim.evicting == (7, 8), "a shrink by two replicas, saved first"
+    assert job.state == "queued", "it waits for the save"
+    until(sim, 1800 + sim.costs.save_s(victim.shape, 72) + 1)
+    assert job.state != "queued" and job.gpus_held == 16
+    assert victim.dp == 7 and sim.totals.lost_preemption_gpu_s == 0, "nothing lost"
+
+
+def test_autoscale_preempt_kills_a_whole_lower_priority_gang_and_starts_the_job_at_once():
+    sim, victim, job = full_of_low_priority(policies.AutoscalePreempt())
+    sim.policy.admit(sim)
+    assert victim.state == "queued" and victim.gpus_held == 0, "killed whole, no checkpoint"
+    assert job.state != "queued" and job.gpus_held == 16
+    assert sim.totals.lost_preemption_gpu_s > 0, "the work since its last periodic save is lost"
+
+
+def test_the_graceful_baseline_preempts_training_whole_and_saves_first():
+    sim, victim, job = full_of_low_priority(AutoscalePreemptGraceful())
+    sim.policy.admit(sim)
+    assert victim.state == "checkpointing" and victim.evicting == (), "the whole gang, saving in its grace period"
+    until(sim, 1800 + sim.costs.save_s(victim.shape, 72) + 1)
+    assert job.state != "queued" and job.gpus_held == 16 and sim.totals.lost_preemption_gpu_s == 0
+    assert victim.gpus_held <= 72 - 16, "suspended whole, then (partial admission) started again smaller"
+
+
+@pytest.mark.parametrize("policy", [Tidal, policies.AutoscalePreempt, AutoscalePreemptGraceful])
+def test_without_training_preemption_nobody_is_evicted_for_training(policy):
+    sim, victim, job = full_of_low_priority(policy())
+    sim.policy.training_preemption = False
+    sim.policy.admit(sim)
+    assert victim.state == "running" and victim.dp == 9 and job.state == "queued"
+
+
+def test_the_room_a_preemption_makes_is_held_for_its_job_until_the_last_victim_is_gone():
+    """Two rigid victims save for a priority-2 job of 48 GPUs, one fast (40 GPUs of a small model),
+    one slow (32 GPUs of a four-stage model): what the fast one frees on the job's planned nodes is
+    held for it (the operator's held nodes), not taken by a lower-priority job queued behind it,
+    and the job starts when the slow one is gone."""
+    policy = Tidal(budget_share=None)
+    policy.training_preemption = True
+    sim = Simulation(snapshot_for(build_fleet("nvl72", 1), 0), Workload(1, dict(EMPTY), [], []), policy)
+    slow = started(sim, JobShape(8, 1, 4, 1, 4, 1), job_id=7, min_dp=None)
+    fast = started(sim, JobShape(8, 1, 1, 5, 4, 1), job_id=8, min_dp=None)
+    until(sim, 1800)
+    job = Job(TrainingArrival(1, sim.now, JobShape(8, 1, 1, 6, 4, 1), 1e6, 2, True, None), dp=6, remaining=1e9)
+    small = Job(TrainingArrival(2, sim.now, JobShape(8, 1, 1, 1, 4, 1), 1e6, 1, True, None), dp=1, remaining=1e9)
+    for queued in (job, small):
+        sim.jobs[queued.id] = queued
+        sim.queue.append(queued)
+    sim.policy.admit(sim)
+    assert slow.state == fast.state == "checkpointing" and job.state == small.state == "queued"
+    sim.policy.admit(sim)  # a second admission while they save evicts nothing more
+    assert sim.totals.evictions == 0 and slow.state == fast.state == "checkpointing"
+    fast_done = 1800 + sim.costs.save_s(fast.shape, 40)
+    assert fast_done + 1 < 1800 + sim.costs.save_s(slow.shape, 32)
+    until(sim, fast_done + 1)
+    held = sim.holds.get(job.id)
+    assert fast.state == "queued" and slow.state == "checkpointing" and held, "the fast one's GPUs held"
+    assert not {n for g in small.groups for n in g.nodes} & set(held), "the small job kept off them"
+    until(sim, 1800 + sim.costs.save_s(slow.shape, 32) + 1)
+    assert job.state != "queued" and job.gpus_held == 48 and job.id not in sim.holds
+    sim.check_conservation()
+
+
+def test_a_live_victims_room_starts_the_job_in_the_same_admission():
+    sim, victim, job = full_of_low_priority(Tidal(budget_share=None))
+    live(victim)
+    sim.policy.admit(sim)
+    assert victim.dp == 7 and job.state != "queued" and job.gpus_held == 16, "no save to wait for"
+
+
+def test_a_scenario_hands_its_training_preemption_to_the_policy():
+    from tidal.sim.run import Scenario, _built, run_policy
+
+    scenario = Scenario(gpus=1440, days=1)
+    fleet, workload = _built(scenario)
+    for flag in (True, False):
+        sim, _ = run_policy(dataclasses.replace(scenario, training_preemption=flag), "tidal", fleet, workload)
+        assert sim.policy.training_preemption is flag

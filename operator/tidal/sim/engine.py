@@ -255,6 +255,7 @@ class Simulation:
         self._last_accounting = 0.0
         self.usable_gpus = self.total_gpus  # kept as nodes fail and come back
         self.active: dict[str, Job] = {}  # restoring, running or checkpointing
+        self.holds: dict[str, Counter[str]] = {}  # queued job -> GPUs booked for it (policies: Room)
 
     # -- events ------------------------------------------------------------------------------
     def push(self, at: float, kind: str, payload: object = None) -> None:
@@ -689,9 +690,27 @@ class Simulation:
             }
         )
 
+    def hold(self, job_id: str, wanted: Counter[str]) -> None:
+        """Book for queued `job_id` the free GPUs of `wanted` (node -> GPUs) it does not hold yet:
+        room its preemption made, kept from every other job until it starts."""
+        have = self.holds.setdefault(job_id, Counter())
+        for name, gpus in wanted.items():
+            node = self.snapshot.nodes.get(name)
+            take = min(node.free, gpus - have[name]) if node is not None else 0
+            if take > 0:
+                self.snapshot.allocate(name, take)
+                have[name] += take
+
+    def release_hold(self, job_id: str) -> None:
+        for name, gpus in self.holds.pop(job_id, Counter()).items():
+            self.snapshot.release(name, gpus)
+
     def check_conservation(self) -> None:
-        """Every booked GPU belongs to exactly one job or replica, and no node is over-booked."""
+        """Every booked GPU belongs to exactly one job or replica (or is held for a queued job
+        room is made for), and no node is over-booked."""
         held: Counter[str] = Counter()
+        for hold in self.holds.values():
+            held.update(hold)
         for job in self.jobs.values():
             for g in job.groups:
                 for n in g.nodes:

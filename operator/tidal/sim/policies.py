@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tidal.placement import (
     GangRequest,
@@ -63,6 +64,16 @@ BUDGET_SHARE = 0.20
 cluster's GPUs asked to checkpoint (suspend or shrink) in any hour. At 10% (the setting before
 demand came per minute with its bursts) tidal met less of the inference demand than the
 baseline (98.82% against 99.10% at 24,048 GPUs, seed 7): a burst could not be met within it."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """Room being made for a queued job by preempting training checkpoint-first."""
+
+    victims: tuple[tuple[str, int], ...]
+    """(victim, its version once asked to save): the room is ready once none of them still saves."""
+    nodes: Counter[str]
+    """GPUs per node of the job's planned placement, held for it as they come free."""
 
 
 def job_request(job: Job, dp: int) -> GangRequest:
@@ -98,8 +109,43 @@ class Policy:
     def grow_candidates(self, sim: Simulation) -> list[Job]:
         return []
 
+    training_preemption = False
+    """Whether a queued training job may evict lower-priority training (Scenario.training_preemption)."""
+
+    whole_starts_only = False
+    """An elastic policy that still starts every job whole (tidal-whole)."""
+
+    @property
+    def partial_starts(self) -> bool:
+        return self.elastic and not self.whole_starts_only
+
     def admit(self, sim: Simulation) -> None:
-        self.admit_pass(sim, partial=self.elastic)
+        self.before_admission(sim)
+        self.admit_pass(sim, partial=self.partial_starts)
+        if self.training_preemption:
+            self.preempt_for_waiting(sim)
+
+    def before_admission(self, sim: Simulation) -> None:
+        """What comes before queued jobs take free GPUs (CheckpointFirst: the room being made)."""
+
+    def preempt_for_waiting(self, sim: Simulation) -> None:
+        """Room for queued jobs that lower-priority preemptible training is in the way of, in queue
+        order, as the operator's admission plans it for every queued job each cycle (the first
+        ADMIT_TRIES here); a job whose room is already being made waits for it."""
+        for job in sorted(sim.queue, key=order)[:ADMIT_TRIES]:
+            if job.state != "queued" or self.making_room_for(job):
+                continue
+            gangs = sim.running_gangs()
+            if any(g.preemptible and g.priority < job.arrival.priority for g in gangs):
+                self.preempt_for(sim, job, gangs)
+
+    def making_room_for(self, job: Job) -> bool:
+        return False
+
+    def preempt_for(self, sim: Simulation, job: Job, gangs: list[RunningGang]) -> bool:
+        """Evict for `job` if that makes room; True if it did. Policies without priority
+        preemption of training never do."""
+        return False
 
     def admit_pass(self, sim: Simulation, partial: bool) -> None:
         """Best-effort FIFO by priority: a bounded number of tries per pass, backfill allowed;
@@ -328,6 +374,20 @@ class AutoscalePreempt(Autoscaled):
         apply_plan(sim.snapshot, plan.placement)
         sim.add_replicas(pool, plan.placement.groups)
 
+    def preempt_for(self, sim: Simulation, job: Job, gangs: list[RunningGang]) -> bool:
+        """Plain priority preemption of training for training (Kueue's withinClusterQueue:
+        LowerPriority, KAI's): whole lower-priority gangs killed, the job started at once."""
+        request = job_request(job, job.shape.dp)
+        result = plan_preemption(sim.snapshot, request, [replace(g, min_replicas=None) for g in gangs])
+        if not isinstance(result, PreemptionPlan) or not result.evictions:
+            return False
+        for eviction in result.evictions:
+            sim.kill(sim.jobs[eviction.gang])
+        plan = self.planner(sim.snapshot, request)
+        if isinstance(plan, PlacementPlan):
+            sim.start(job, plan, job.shape.dp, split_groups(sim.snapshot, plan))
+        return True
+
 
 class CheckpointFirst(Autoscaled):
     """Room for replicas comes from victims that save first: each tick's targets are kept, and asked
@@ -336,17 +396,71 @@ class CheckpointFirst(Autoscaled):
     def __init__(self, stabilization: dt.timedelta = STABILIZATION) -> None:
         super().__init__(stabilization)
         self.targets: dict[str, int] = {}
+        self.rooms: dict[str, Room] = {}
+        """Queued job -> the room its preemption is making (victims saving, GPUs held for it)."""
 
     def tick(self, sim: Simulation) -> None:
+        self.release_rooms(sim)
         for pool in sim.pools.values():
             self.targets[pool.name] = self.target(sim, pool)
             sim.remove_replicas(pool, self.targets[pool.name])
             self.make_room(sim, pool, self.targets[pool.name])
 
     def after_checkpoint(self, sim: Simulation) -> None:
+        self.release_rooms(sim)
         for pool in sim.pools.values():
             self.make_room(sim, pool, self.targets.get(pool.name, 0))
         self.admit(sim)
+
+    # -- training preemption, checkpoint first ----------------------------------------------------
+    def victims_of(self, gangs: list[RunningGang]) -> list[RunningGang]:
+        """The running gangs as this policy may evict them (tidal: shrink first)."""
+        return gangs
+
+    def making_room_for(self, job: Job) -> bool:
+        return job.id in self.rooms
+
+    def preempt_for(self, sim: Simulation, job: Job, gangs: list[RunningGang]) -> bool:
+        """plan_preemption, every victim checkpoint first (the operator's admission: shrink before
+        suspension; the graceful baseline: whole gangs). The nodes the plan places the job on are
+        held for it as its victims free them (the operator's held nodes), and it starts once the
+        last victim is gone (`before_admission`)."""
+        result = plan_preemption(sim.snapshot, job_request(job, job.shape.dp), self.victims_of(gangs))
+        if not isinstance(result, PreemptionPlan) or not result.evictions:
+            return False
+        victims = []
+        for eviction in result.evictions:
+            victim = sim.jobs[eviction.gang]
+            sim.request_checkpoint(victim, () if eviction.whole else eviction.replicas)
+            victims.append((victim.id, victim.version))
+        self.rooms[job.id] = Room(tuple(victims), result.placement.gpus_by_node())
+        self.before_admission(sim)  # a Live shrink frees its GPUs at once
+        return True
+
+    def before_admission(self, sim: Simulation) -> None:
+        """Hold for each waiting job the GPUs its victims have freed on its planned nodes, and start
+        it, before anyone else, once every victim is gone."""
+        for job_id, room in list(self.rooms.items()):
+            job = sim.jobs[job_id]
+            if job.state != "queued":  # started another way meanwhile
+                sim.release_hold(job_id)
+                del self.rooms[job_id]
+                continue
+            sim.hold(job_id, room.nodes)
+            if any(sim.jobs[v].state == "checkpointing" and sim.jobs[v].version == at for v, at in room.victims):
+                continue
+            sim.release_hold(job_id)
+            del self.rooms[job_id]
+            request = job_request(job, job.shape.dp)
+            plan = self.planner(sim.snapshot, request)
+            if isinstance(plan, PlacementPlan):
+                sim.start(job, plan, job.shape.dp, split_groups(sim.snapshot, plan))
+
+    def release_rooms(self, sim: Simulation) -> None:
+        """Pools outrank training: before they take room, the GPUs held for waiting jobs are free
+        (held again at the next admission)."""
+        for job_id in self.rooms:
+            sim.release_hold(job_id)
 
 
 class AutoscalePreemptGraceful(CheckpointFirst):
@@ -370,6 +484,11 @@ class AutoscalePreemptGraceful(CheckpointFirst):
             return
         for eviction in plan.evictions:
             sim.request_checkpoint(sim.jobs[eviction.gang], ())  # SIGTERM: save, then go
+
+    def victims_of(self, gangs: list[RunningGang]) -> list[RunningGang]:
+        """Training for training the same way: whole lower-priority gangs, each saving within its
+        grace period before it goes."""
+        return [replace(g, min_replicas=None) for g in gangs]
 
 
 class BurstHistory:
@@ -586,9 +705,7 @@ class TidalWhole(Tidal):
     smaller when it does not fit whole."""
 
     name = "tidal-whole"
-
-    def admit(self, sim: Simulation) -> None:
-        self.admit_pass(sim, partial=False)
+    whole_starts_only = True
 
 
 POLICIES: dict[str, type[Policy]] = {

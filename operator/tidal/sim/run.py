@@ -34,6 +34,11 @@ class Scenario:
     """Start the traces this many days in (another week of ServeGen and Helios)."""
     bursts: bool = True
     """Inference demand per minute with the Azure trace's bursts (False: each 10-minute mean)."""
+    training_preemption: bool = True
+    """A queued training job may evict lower-priority preemptible training, as the operator's
+    admission does and Kueue (withinClusterQueue: LowerPriority) and KAI do: autoscale-preempt
+    kills whole gangs, tidal checkpoints first and shrinks before it suspends; the static
+    policies never preempt training. False: the model before it (pools alone preempt)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -131,9 +136,9 @@ def snapshot_for(fleet: list, spares: int):
 
 
 def run_policy(scenario: Scenario, name: str, fleet: list, workload: Workload, check: bool = False):
-    sim = Simulation(
-        snapshot_for(fleet, scenario.spares_per_supernode), workload, POLICIES[name](), costs=scenario.costs
-    )
+    policy = POLICIES[name]()
+    policy.training_preemption = scenario.training_preemption
+    sim = Simulation(snapshot_for(fleet, scenario.spares_per_supernode), workload, policy, costs=scenario.costs)
     totals = sim.run()
     if check:
         sim.check_conservation()
