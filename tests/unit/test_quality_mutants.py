@@ -845,8 +845,8 @@ MUTANTS = [
     Mutant(
         "tidal-whole starts no job smaller",
         SIM_POLICIES,
-        "    def admit(self, sim: Simulation) -> None:\n        self.admit_pass(sim, partial=False)",
-        "    def admit(self, sim: Simulation) -> None:\n        self.admit_pass(sim, partial=True)",
+        "    whole_starts_only = True\n",
+        "    whole_starts_only = False\n",
         TIDE + "test_tidal_whole_starts_no_job_smaller",
     ),
     Mutant(
