@@ -132,12 +132,15 @@ class Policy:
         """Room for queued jobs that lower-priority preemptible training is in the way of, in queue
         order, as the operator's admission plans it for every queued job each cycle (the first
         ADMIT_TRIES here); a job whose room is already being made waits for it."""
+        gangs: list[RunningGang] | None = None  # built once, again only after an eviction changed them
         for job in sorted(sim.queue, key=order)[:ADMIT_TRIES]:
             if job.state != "queued" or self.making_room_for(job):
                 continue
-            gangs = sim.running_gangs()
-            if any(g.preemptible and g.priority < job.arrival.priority for g in gangs):
-                self.preempt_for(sim, job, gangs)
+            if gangs is None:
+                gangs = sim.running_gangs()
+                lowest = min((g.priority for g in gangs if g.preemptible), default=None)
+            if lowest is not None and lowest < job.arrival.priority and self.preempt_for(sim, job, gangs):
+                gangs = None
 
     def making_room_for(self, job: Job) -> bool:
         return False
