@@ -6,7 +6,11 @@ Sections (each also runnable alone):
 - churn (`bench.churn`): arrivals and departures near full, several seeds, tidal against
   constrained first-fit (groups inside one supernode, supernodes in name order: Kueue TAS
   required slices, Slurm's block plugin) and topology-unaware first-fit;
-- preemption optimality against brute force on small random instances (`bench.preemption`);
+- preemption optimality against brute force on small random instances (`bench.preemption`), and
+  against an exact MILP among many small victims (`bench.preemption_small`: every gang on one node,
+  15-200 candidates);
+- plan_capacity with a binding disruption budget at 100,000 GPUs of ~2,300-4,700 small gangs
+  (`bench.capacity_budget`);
 - planner timings at 100,000 GPUs ~99% allocated by churn (`bench.loaded`) on NVL72,
   CloudMatrix384-like and HGX-8 fleets; the slowest shape's p50 is reported;
 - the original 16,384-GPU gang on a 50%-loaded NVL72 snapshot and the FIFO fill run.
@@ -166,17 +170,21 @@ def timings_100k(seed: int, gpus: int = 100_000, samples: int = 200) -> dict[str
 
 
 def run_all(repeats: int, seed: int, quick: bool) -> dict[str, object]:
-    from bench import churn, preemption
+    from bench import capacity_budget, churn, preemption, preemption_small
 
     result: dict[str, object] = {}
     if quick:
         result.update(churn.run([1], 2_592, 600, 1.2))
         result.update(preemption.optimality(instances=40, seed=seed))
+        result.update(preemption_small.run(20, seed))
+        result.update(capacity_budget.run(gpus=10_000, repeats=1, seed=seed))
         result.update(timings_100k(seed, gpus=10_000, samples=20))
         result.update(run(max(repeats // 10, 2), seed, cluster_gpus=40_000))
         return result
     result.update(churn.run([1, 2, 3, 4, 5], 10_368, 16_000, 1.2))
     result.update(preemption.optimality(instances=500, seed=seed))
+    result.update(preemption_small.run(200, seed))
+    result.update(capacity_budget.run(seed=seed))
     result.update(timings_100k(seed))
     preempt = preemption.timings_100k(seed)
     result.update(preempt)

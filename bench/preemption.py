@@ -264,7 +264,9 @@ def _guarded(
 ACCELERATOR = {name: shape.accelerator for name, shape in SHAPES.items()}
 
 
-def loaded_cluster(shape: str, gpus: int, load: float, seed: int) -> tuple[ClusterSnapshot, list[RunningGang]]:
+def loaded_cluster(
+    shape: str, gpus: int, load: float, seed: int, mix: tuple[JobShape, ...] = TRAINING_MIX
+) -> tuple[ClusterSnapshot, list[RunningGang]]:
     """A `shape` fleet of at least `gpus` accelerators filled to `load` by gangs of the calibrated mix.
 
     Gangs are placed by plan_gang in arrival order (larger shapes give way to smaller ones as the
@@ -278,7 +280,6 @@ def loaded_cluster(shape: str, gpus: int, load: float, seed: int) -> tuple[Clust
     node_gpus = SHAPES[shape].gpus_per_node
     total = snapshot.total_gpus()
     running: list[RunningGang] = []
-    mix = TRAINING_MIX
     failures = 0
     while snapshot.allocated_gpus() < load * total:
         job = sample_shapes(rng, 1, mix)[0]

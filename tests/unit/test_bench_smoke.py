@@ -26,6 +26,9 @@ def test_placement_bench_quick_prints_every_field():
         "preemption_at_minimum_share",
         "preemption_worst_excess_ratio",
         "plan_gang_p50_ms_100k",
+        "preemption_many_small_at_minimum_share",
+        "preemption_many_small_worst_excess_ratio",
+        "plan_capacity_budget_p50_ms_100k",
     ):
         assert field in result, field
     assert result["churn_split_groups"] == [0]
@@ -35,6 +38,8 @@ def test_placement_bench_quick_prints_every_field():
         assert by_shape == result[f"churn_refused_jobs{suffix}"]
     assert result["churn_split_groups_constrained_first_fit"] == [0]
     assert result["preemption_worst_excess_ratio"] == 1.0
+    assert result["preemption_many_small_instances"] > 0
+    assert result["preemption_many_small_worst_excess_ratio"] == 1.0, "many small victims: the exact minimum"
     assert result["hbd_split_groups"] == 0
 
 

@@ -106,8 +106,13 @@ def test_prefers_lowest_priority_victim():
     assert [e.gang for e in plan.evictions] == ["batch"]
 
 
-def test_equal_cost_goes_to_the_lower_priority_whatever_the_names():
-    for scale in (2, 130):  # the exact search, and the heuristic alone on a large cluster
+@pytest.mark.parametrize("node_dp", [True, False])
+def test_equal_cost_goes_to_the_lower_priority_whatever_the_names(node_dp: bool, monkeypatch: pytest.MonkeyPatch):
+    # Every victim sits on one node: the node DP decides; without it (victims spanning nodes take
+    # that path) the exact search on a small cluster, and the greedy alone on a large one.
+    if not node_dp:
+        monkeypatch.setattr(preemption, "single_node", lambda search, relevant: False)
+    for scale in (2, 130):
         snap = servers(scale)
         running = [holding(snap, "a-important", [(0, 8)], priority=4), holding(snap, "z-batch", [(1, 8)], priority=1)]
         running += [holding(snap, f"busy{i:03d}", [(i, 8)], priority=4) for i in range(2, scale)]

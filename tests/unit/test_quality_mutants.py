@@ -28,6 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GANG = "placement/gang.py"
 PREEMPTION = "placement/preemption.py"
+PREEMPTION_DP = "placement/preemption_dp.py"
 DEFRAG = "placement/defrag.py"
 QUOTA = "placement/quota_eviction.py"
 ADMISSION = "k8s/admission.py"
@@ -79,6 +80,10 @@ DELETED_JOB_BUDGET = REBALANCE + "test_a_deleted_jobs_evictions_still_count_agai
 SAFETY = {
     GANG: ("tests/unit/test_placement_properties.py",),
     PREEMPTION: (
+        PREEMPT + "test_preemption_invariants",
+        PREEMPT + "test_preemption_invariants_on_seeded_clusters_that_need_evictions",
+    ),
+    PREEMPTION_DP: (
         PREEMPT + "test_preemption_invariants",
         PREEMPT + "test_preemption_invariants_on_seeded_clusters_that_need_evictions",
     ),
@@ -246,6 +251,27 @@ MUTANTS = [
     ),
     # preemption
     Mutant(
+        "many small victims: the exact node DP decides",
+        PREEMPTION,
+        "        if single_node(self, relevant):",
+        "        if False:",
+        OPTIMAL + "test_many_small_victims_get_the_exact_minimum",
+    ),
+    Mutant(
+        "the node DP's ties go to the lower priority",
+        PREEMPTION_DP,
+        "self.victim_unit + (victim.gang.priority - self.low) * gpus",
+        "self.victim_unit",
+        PREEMPT + "test_equal_cost_goes_to_the_lower_priority_whatever_the_names[True]",
+    ),
+    Mutant(
+        "the node DP's cost counts victims (fewest victims among the cheapest plans)",
+        PREEMPTION_DP,
+        "gpus * self.gpu_unit + self.victim_unit + (",
+        "gpus * self.gpu_unit + (",
+        OPTIMAL + "test_many_small_victims_get_the_exact_minimum",
+    ),
+    Mutant(
         "room beyond the shortfall is worth nothing",
         PREEMPTION,
         "value = float(target) - now",
@@ -274,7 +300,7 @@ MUTANTS = [
         PREEMPTION,
         "-m.cost, gang.priority, gang.name)",
         "-m.cost, -gang.priority, gang.name)",
-        PREEMPT + "test_equal_cost_goes_to_the_lower_priority_whatever_the_names",
+        PREEMPT + "test_equal_cost_goes_to_the_lower_priority_whatever_the_names[False]",
     ),
     Mutant(
         "partial credit leads evictions into one domain",

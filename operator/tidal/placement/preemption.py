@@ -47,6 +47,7 @@ from itertools import count
 from typing import TypeVar
 
 from tidal.placement.gang import plan_gang
+from tidal.placement.preemption_dp import minimum_levels, single_node
 from tidal.placement.types import GangRequest, PlacementPlan, Unplaceable
 from tidal.topology.snapshot import ClusterSnapshot, NodeState
 
@@ -546,7 +547,20 @@ class EvictionSearch:
         levels = [0] * len(self.victims)
         if self.base_groups >= groups:
             return self._choice(levels, self.base_groups)
-        st = _State(self)
+        relevant = [v for v, lim in enumerate(limits) if lim and self.victims[v].sns]
+        if single_node(self, relevant):  # many small victims: exact at any count (preemption_dp)
+            dp = minimum_levels(self, groups, limits, relevant)
+            if dp is None:
+                return None
+            st = _State(self)
+            for v, level in enumerate(dp):
+                if level:
+                    st.apply(self._rel(v, 0, level), +1)
+            if st.groups >= groups:
+                return self._choice(dp, st.groups)
+            st = _State(self)  # the two counts disagree (a bug): the search below still answers
+        else:
+            st = _State(self)
         self._greedy(st, levels, limits, groups)
         if st.groups < groups:
             # The greedy ran out of moves that help on their own (releases that only free a slot
@@ -558,7 +572,6 @@ class EvictionSearch:
             if st.groups < groups:
                 return None
         self._prune(st, levels, groups)
-        relevant = [v for v, lim in enumerate(limits) if lim and self.victims[v].sns]
         self._improve(st, levels, limits, groups, everyone=len(relevant) <= _IMPROVE_EVERYONE_GANGS)
         best = self._choice(levels, st.groups)
         if len(relevant) <= _EXACT_MAX_GANGS:
