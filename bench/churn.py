@@ -6,7 +6,10 @@
 Jobs of the calibrated mix (`tidal.placement.workload_mix`, shapes up to 1/8 of the cluster)
 arrive as a Poisson stream whose offered load is `load` x the cluster, run for an exponential
 time, and wait in one queue tried in arrival order with backfill at every arrival and departure.
-A job still pending after `patience` is refused. The same arrival stream is given to:
+A job still pending after `patience` is refused. `regimes` (in --json) adds the regime without a queue,
+where an arrival that does not fit at once is refused (users who resubmit rather than queue), for
+tidal, best-fit and constrained first-fit: per-seed refused jobs and GPUs in both regimes. The same
+arrival stream is given to:
 
 - tidal: `plan_gang` with the leftover valued for the pending queue's and recent arrivals' group
   sizes, and the workloads per supernode (the snapshot's `residents`, kept here from the running
@@ -111,8 +114,12 @@ def run_churn(
     patience: float = 6 * 3600.0,
     warmup: float = 0.2,
     shape: str = "nvl72",
+    queue_jobs: bool = True,
 ) -> dict[str, object]:
+    """One planner on one seed's arrivals. Without `queue_jobs`, an arrival that does not fit at
+    once is refused (users who resubmit rather than queue); with it, it waits up to `patience`."""
     plan = PLANNERS[planner]
+
     snapshot = snapshot_from_fleet(fleet_for_gpus(shape, cluster_gpus))
     stream = arrivals(seed, snapshot.total_gpus(), jobs, load)
     start = stream[int(warmup * len(stream))].arrival
@@ -145,13 +152,18 @@ def run_churn(
             job = stream[index]
             queue[index] = job
             arrivals_seen.arrive(index, accelerator, job.shape.group_gpus)
+
+        def refuse(job: Job) -> None:
+            nonlocal refused, refused_gpus
+            del queue[job.index]
+            if job.arrival >= start:
+                refused += 1
+                refused_gpus += job.shape.gpus
+                refused_jobs_by_shape[f"{job.shape.groups}x{job.shape.group_gpus}"] += 1
+
         for job in list(queue.values()):
             if now - job.arrival > patience:
-                del queue[job.index]
-                if job.arrival >= start:
-                    refused += 1
-                    refused_gpus += job.shape.gpus
-                    refused_jobs_by_shape[f"{job.shape.groups}x{job.shape.group_gpus}"] += 1
+                refuse(job)
         demand = arrivals_seen.demand((accelerator, job.shape.group_gpus) for job in queue.values())
         # Capacity only grows at a departure: an arrival can only place itself (Kueue retries
         # queue heads on capacity changes for the same reason).
@@ -171,6 +183,8 @@ def run_churn(
                 if job.shape.gpus >= LARGE_GANG_GPUS:
                     waits_large.append(now - job.arrival)
             heapq.heappush(events, (now + job.duration, 0, job.index))
+        if not queue_jobs and kind == 1 and index in queue:
+            refuse(stream[index])  # no queue: what does not fit at once is refused
     window = max(end - start, 1.0)
     return {
         "refused_jobs": refused,
@@ -206,6 +220,28 @@ def run(seeds: list[int], cluster_gpus: int, jobs: int, load: float) -> dict[str
     return out
 
 
+REGIME_PLANNERS = ("tidal", "best_fit", "constrained_first_fit")
+
+
+def regimes(flat: dict[str, object], seeds: list[int], cluster_gpus: int, jobs: int, load: float) -> dict[str, object]:
+    """Refusals per seed with a queue (from run's `flat` figures) and without one (an arrival that
+    does not fit at once is refused), for tidal and the two topology-respecting baselines."""
+    out: dict[str, dict[str, dict[str, list[int]]]] = {"queue": {}, "no_queue": {}}
+    for name in REGIME_PLANNERS:
+        suffix = "" if name == "tidal" else f"_{name}"
+        if f"churn_refused_jobs{suffix}" in flat:
+            out["queue"][name] = {
+                "refused_jobs": flat[f"churn_refused_jobs{suffix}"],  # type: ignore[dict-item]
+                "refused_gpus": flat[f"churn_refused_gpus{suffix}"],  # type: ignore[dict-item]
+            }
+        runs = [run_churn(name, s, cluster_gpus, jobs, load, queue_jobs=False) for s in seeds]
+        out["no_queue"][name] = {
+            "refused_jobs": [r["refused_jobs"] for r in runs],  # type: ignore[misc]
+            "refused_gpus": [r["refused_gpus"] for r in runs],  # type: ignore[misc]
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
@@ -225,6 +261,7 @@ def main() -> None:
         for name in [n for n in PLANNERS if n not in args.planners]:
             del PLANNERS[name]
     result = run(args.seeds, args.gpus, args.jobs, args.load)
+    result["regimes"] = regimes(result, args.seeds, args.gpus, args.jobs, args.load)
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
 
 

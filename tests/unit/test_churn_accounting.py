@@ -29,3 +29,23 @@ def test_refusals_by_shape_account_for_every_refused_job_and_gpu_after_the_warm_
         assert set(by_shape) <= SHAPE_KEYS, by_shape  # groups x GPUs per group, in that order
         assert sum(by_shape.values()) == result["refused_jobs"]
         assert _gpus(by_shape) == result["refused_gpus"]
+
+
+def test_without_a_queue_an_arrival_that_does_not_fit_is_refused_at_once():
+    queued = run_churn("best_fit", 1, 2_592, 600, 1.5, patience=6 * 3600.0, warmup=0.0)
+    at_once = run_churn("best_fit", 1, 2_592, 600, 1.5, patience=6 * 3600.0, warmup=0.0, queue_jobs=False)
+    assert at_once["left_in_queue"] == 0, "nothing waits without a queue"
+    assert at_once["refused_jobs"] > queued["refused_jobs"] > 0, "a job that would have waited is refused"
+    assert sum(at_once["refused_jobs_by_shape"].values()) == at_once["refused_jobs"]
+
+
+def test_regimes_hold_per_seed_refusals_of_each_planner_in_both_regimes():
+    from bench.churn import REGIME_PLANNERS, regimes, run
+
+    flat = run([1, 2], 2_592, 300, 1.5)
+    out = regimes(flat, [1, 2], 2_592, 300, 1.5)
+    for regime in ("queue", "no_queue"):
+        assert set(out[regime]) == set(REGIME_PLANNERS)
+        for figures in out[regime].values():
+            assert len(figures["refused_jobs"]) == len(figures["refused_gpus"]) == 2
+    assert out["queue"]["tidal"]["refused_jobs"] == flat["churn_refused_jobs"]
