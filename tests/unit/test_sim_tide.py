@@ -247,14 +247,26 @@ def shrunk_to_one() -> tuple[Simulation, Tidal, Job]:
     return sim, policy, job
 
 
-def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made():
+def test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made(monkeypatch: pytest.MonkeyPatch):
     sim, policy, job = shrunk_to_one()
-    job.remaining = job.rate * 60  # a minute of work left: three replicas more cannot pay for a restart
+    # The forecast wants the GPUs back in a minute: three replicas more cannot pay for a restart.
+    monkeypatch.setattr(policy, "calm_s", lambda sim, accelerator, spare: 60.0)
     assert not policy.grow_pays(sim, job, 24, 24)
     assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 0 and job.dp == 1
-    job.remaining = 1e9
+    monkeypatch.setattr(policy, "calm_s", lambda sim, accelerator, spare: policies.GROW_HORIZON_S)
     assert policy.grow_pays(sim, job, 24, 24)
     assert policy.grow_back(sim, job, sim.snapshot.free_gpus()) == 24 and job.dp == 4
+
+
+def test_a_grow_back_does_not_know_when_the_job_ends():
+    """The operator does not know a job's end (k8s/rebalancing.py, _grow_pays): neither may the
+    simulator's tidal, so its remaining work never changes the answer."""
+    sim, policy, job = shrunk_to_one()
+    answers = set()
+    for remaining in (job.rate * 60, 1e12):
+        job.remaining = remaining
+        answers.add(policy.grow_pays(sim, job, 24, 24))
+    assert len(answers) == 1
 
 
 def test_the_forecast_lead_is_the_time_making_room_takes():

@@ -113,6 +113,10 @@ class Job:
     joining_gpus: int = 0  # GPUs of Live replicas still starting or fetching state: held, not training
     join_end: float = 0.0  # when those replicas will have fetched the state
     overhead: float = 0.0  # periodic-checkpoint share at the current size
+    clock_kept: bool = False
+    """The restore under way is a Live rebuild: nothing was written or loaded, so the periodic
+    checkpoints keep their cadence (running_since moves on by the stall, not to its end)."""
+    restore_from: float = 0.0  # when the restore under way began
     group_gpus: int = field(init=False)
     # (groups, dp, the RunningGang they make): the capacity planner asks for every running job's
     # gang at every tick and checkpoint round, and most jobs have not moved since the last time.
@@ -310,7 +314,11 @@ class Simulation:
         if job.version != payload[1] or job.state != "restoring":
             return
         job.state = "running"
-        job.last_update = job.running_since = self.now
+        if job.clock_kept:  # the work since the last periodic save is still unsaved
+            job.running_since += self.now - job.restore_from
+        else:
+            job.running_since = self.now
+        job.last_update = self.now
         self._schedule_finish(job)
 
     def _on_warm(self, _payload: object) -> None:
@@ -327,7 +335,7 @@ class Simulation:
         job = self.jobs[payload[0]]
         if job.version != payload[1] or job.state != "running":
             return
-        self._restore(job, self.costs.rebuild_s)  # the joiners become members there
+        self._restore(job, self.costs.rebuild_s, live=True)  # the joiners become members there
 
     def _on_failure(self, failure) -> None:
         name = self.node_names[failure.node_index % len(self.node_names)]
@@ -372,10 +380,14 @@ class Simulation:
         if job.rate > 0:
             self.push(self.now + job.remaining / job.rate, "finish", (job.id, job.version))
 
-    def _restore(self, job: Job, stall_s: float) -> None:
+    def _restore(self, job: Job, stall_s: float, live: bool = False) -> None:
         """The job holds its GPUs and makes no progress for `stall_s`, then runs (Live replicas
-        still joining are then members: every restore re-forms the whole world)."""
+        still joining are then members: every restore re-forms the whole world). `live`: a
+        communicator rebuild, no checkpoint written or loaded."""
         self._progress(job)
+        job.clock_kept = live and (job.state == "running" or job.clock_kept)
+        if not (live and job.state == "restoring"):  # a rebuild inside a restore extends it
+            job.restore_from = self.now
         job.joining_gpus = 0
         job.state = "restoring"
         job.overhead = self.costs.periodic_overhead(job.shape, job.gpus_held)
@@ -524,7 +536,7 @@ class Simulation:
         self._give_back(job, replicas)
         # Replicas still joining (a Live grow under way) finish their start and transfer first.
         joining = max(job.join_end - self.now, 0.0) if job.joining_gpus else 0.0
-        self._restore(job, joining + self.costs.rebuild_s)
+        self._restore(job, joining + self.costs.rebuild_s, live=True)
 
     def grow(self, job: Job, plan: PlacementPlan, dp: int) -> None:
         """Add DP replicas to a running job. Restart: it checkpoints, then restarts at the new

@@ -413,6 +413,23 @@ class CheckpointFirst(Autoscaled):
         self.targets: dict[str, int] = {}
         self.rooms: dict[str, Room] = {}
         """Queued job -> the room its preemption is making (victims saving, GPUs held for it)."""
+        self.saving_for: dict[str, list[tuple[str, int]]] = {}
+        """Pool -> (victim, its version once asked to save) for the room being made for it."""
+
+    def still_saving(self, sim: Simulation, pool: Pool) -> bool:
+        """Whether victims asked to save for `pool` still write (the pool decides again once they
+        are gone); other pools' and jobs' victims do not hold it up, as in Kueue, whose
+        preemptions for one workload do not wait on another's."""
+        victims = self.saving_for.get(pool.name, [])
+        victims[:] = [
+            (v, at) for v, at in victims if sim.jobs[v].state == "checkpointing" and sim.jobs[v].version == at
+        ]
+        return bool(victims)
+
+    def asked_to_save(self, sim: Simulation, pool: Pool, job: Job, replicas: tuple[int, ...]) -> None:
+        sim.request_checkpoint(job, replicas)
+        if job.state == "checkpointing":  # (a Live shrink or a restoring job goes at once)
+            self.saving_for.setdefault(pool.name, []).append((job.id, job.version))
 
     def tick(self, sim: Simulation) -> None:
         self.release_rooms(sim)
@@ -491,14 +508,17 @@ class AutoscalePreemptGraceful(CheckpointFirst):
     def make_room(self, sim: Simulation, pool: Pool, target: int) -> None:
         need = target - len(pool.replicas)
         need -= self.place_free(sim, pool, need)
-        if need <= 0 or any(j.state == "checkpointing" for j in sim.active.values()):
-            return  # done, or victims are still saving: decided again once they are gone
+        if need <= 0 or self.still_saving(sim, pool):
+            return  # done, or its victims are still saving: decided again once they are gone
         gangs = [replace(g, min_replicas=None) for g in sim.running_gangs()]
         plan = plan_capacity(sim.snapshot, pool.request(need), gangs, None)
         if not plan.evictions or plan.placement is None:
             return
         for eviction in plan.evictions:
-            sim.request_checkpoint(sim.jobs[eviction.gang], ())  # SIGTERM: save, then go
+            self.asked_to_save(sim, pool, sim.jobs[eviction.gang], ())  # SIGTERM: save, then go
+        # A victim still restoring gives its GPUs back at once: the pool takes them now, before
+        # admission could hand them to queued training (as tidal does).
+        self.place_free(sim, pool, target - len(pool.replicas))
 
     def victims_of(self, gangs: list[RunningGang]) -> list[RunningGang]:
         """Training for training the same way: whole lower-priority gangs, each saving within its
@@ -593,7 +613,7 @@ class Tidal(CheckpointFirst):
         need -= self.place_free(sim, pool, need)
         if need <= 0:
             return
-        if any(j.state == "checkpointing" for j in sim.active.values()):
+        if self.still_saving(sim, pool):
             self.waiting = True  # room is being made; decide again once those checkpoints finish
             return
         if pool.name in self.stuck:
@@ -613,7 +633,7 @@ class Tidal(CheckpointFirst):
             if not eviction.whole:
                 self.shrunk_at[job.id] = sim.now
             self.evicted.append((sim.now, eviction.gpus))
-            sim.request_checkpoint(job, () if eviction.whole else eviction.replicas)
+            self.asked_to_save(sim, pool, job, () if eviction.whole else eviction.replicas)
         if plan.evictions:
             self.waiting = True
             # A Live shrink (or a job still restoring) gives its GPUs back at once: the pool takes
@@ -656,14 +676,13 @@ class Tidal(CheckpointFirst):
         return GROW_HORIZON_S
 
     def grow_pays(self, sim: Simulation, job: Job, added: int, room: int) -> bool:
-        """The added replicas' work until the forecast wants the GPUs back (or the job ends)
-        outweighs what the grow-back stalls, and the shrink that gives them back if the forecast
-        wants them first (resize_cost, by how the job resizes)."""
-        rate = max(job.rate, 1e-9)
-        until_done = job.remaining / rate if job.state == "running" else float("inf")
+        """The added replicas' work until the forecast wants the GPUs back outweighs what the
+        grow-back stalls, and the shrink that gives them back if the forecast wants them within
+        the horizon (resize_cost, by how the job resizes). The job's own end is not known, as in
+        the operator (k8s/rebalancing.py, _grow_pays): its remaining work is never read here."""
         calm = self.calm_s(sim, job.arrival.accelerator, room - added)
         return sim.costs.grow_pays(
-            job.resize, job.gpus_held, added, job.model_gpus, min(calm, until_done), shrunk_again=calm < until_done
+            job.resize, job.gpus_held, added, job.model_gpus, calm, shrunk_again=calm < GROW_HORIZON_S
         )
 
     def grow_back(self, sim: Simulation, job: Job, free: int) -> int:

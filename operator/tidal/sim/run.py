@@ -272,6 +272,13 @@ def over_seeds(runs: list[dict]) -> dict:
             if ratios
             else None
         )
+        # Unlike lead(), the ratio is printed whatever inference got: say in how many seeds tidal
+        # met less of the demand, so a goodput lead bought with inference is not read as a win.
+        out[f"seeds_tidal_met_less_inference_than_{baseline.replace('-', '_')}"] = sum(
+            r["policies"]["tidal"]["inference_demand_met"] < r["policies"][baseline]["inference_demand_met"]
+            for r in runs
+            if "tidal" in r["policies"] and baseline in r["policies"]
+        )
     return out
 
 
