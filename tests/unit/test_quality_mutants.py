@@ -939,6 +939,27 @@ MUTANTS = [
         TIDE + "test_a_grow_back_that_would_stall_more_than_it_gains_is_not_made",
     ),
     Mutant(
+        "a grow-back does not read the job's end (the operator cannot)",
+        SIM_POLICIES,
+        "job.model_gpus, calm, shrunk_again=calm < GROW_HORIZON_S",
+        "job.model_gpus, min(calm, job.remaining / max(job.rate, 1e-9)), shrunk_again=calm < GROW_HORIZON_S",
+        TIDE + "test_a_grow_back_does_not_know_when_the_job_ends",
+    ),
+    Mutant(
+        "a pool waits only for the victims it asked to save",
+        SIM_POLICIES,
+        "        return bool(victims)",
+        '        return bool(victims) or any(j.state == "checkpointing" for j in sim.active.values())',
+        TIDE + "test_a_pool_waits_only_for_the_victims_it_asked_to_save",
+    ),
+    Mutant(
+        "a Live rebuild keeps the periodic-checkpoint cadence",
+        ENGINE,
+        "job.clock_kept = live and (",
+        "job.clock_kept = False and (",
+        TIDE + "test_after_a_live_rebuild_the_work_since_the_last_save_is_still_at_risk",
+    ),
+    Mutant(
         "the forecast looks as far ahead as making room takes",
         SIM_POLICIES,
         "        return sim.costs.room_lead_s(SYNC_S, sim.costs.cold_start_s)",

@@ -155,6 +155,22 @@ def test_a_live_shrink_writes_nothing_frees_the_gpus_at_once_and_stalls_the_surv
     assert job.state == "running"
 
 
+def test_after_a_live_rebuild_the_work_since_the_last_save_is_still_at_risk():
+    """Nothing is written in a Live shrink: the periodic checkpoints keep their cadence, so a
+    failure after it loses the work since the last periodic save, not nothing."""
+    costs = Costs()
+    sim = hand_sim(costs)
+    job = live(started(sim))
+    until(sim, 1000)
+    sim.request_checkpoint(job, (1,))
+    until(sim, 1000 + costs.rebuild_s + 60)
+    assert job.state == "running"
+    at_risk = sim._lost_since_checkpoint(job)
+    # Since the start (its restore ended at costs.restart_s), less the rebuild's stall.
+    ran = (sim.now - costs.restart_s - costs.rebuild_s) % costs.checkpoint_every_s
+    assert at_risk == pytest.approx(ran * job.rate, rel=0.01) and at_risk > 60 * job.rate
+
+
 def test_a_restart_shrink_still_saves_first():
     sim = hand_sim(Costs())
     job = started(sim)
@@ -531,3 +547,21 @@ def test_a_scenario_hands_its_training_preemption_to_the_policy():
     for flag in (True, False):
         sim, _ = run_policy(dataclasses.replace(scenario, training_preemption=flag), "tidal", fleet, workload)
         assert sim.policy.training_preemption is flag
+
+
+def test_a_pool_waits_only_for_the_victims_it_asked_to_save():
+    """Kueue's preemptions for one workload do not wait on another's saves: a save for another
+    reason (here a job's own suspension) does not hold a pool's room up."""
+    sim = hand_sim(Costs())
+    policy = AutoscalePreemptGraceful()
+    sim.policy = policy
+    other = started(sim, job_id=1)
+    victim = started(sim, job_id=2)
+    until(sim, 1000)
+    pool = sim.pools["m-large"]
+    sim.request_checkpoint(other, ())  # saving, but not for the pool
+    assert other.state == "checkpointing" and not policy.still_saving(sim, pool)
+    policy.asked_to_save(sim, pool, victim, ())
+    assert policy.still_saving(sim, pool)
+    until(sim, sim.now + 3600)
+    assert victim.state != "checkpointing" and not policy.still_saving(sim, pool)
