@@ -58,8 +58,10 @@ class Server:
     """An API server on 127.0.0.1 that answers pod creates from a script: each entry an HTTP
     status (with Retry-After: 0 on 429), or "hang" (no answer for `hang_seconds`)."""
 
-    def __init__(self, script: list[int | str], hang_seconds: float = 5.0):
+    def __init__(self, script: list[int | str], hang_seconds: float = 5.0, delete_script: list[int] | None = None):
         self.script = list(script)
+        self.delete_script = list(delete_script or [])
+        """HTTP statuses the DELETEs get, in order (200 once it runs out)."""
         self.served: list[int | str] = []
         self.deletes: list[tuple[str, dict, str]] = []
         """Each DELETE as received: its path with query, its JSON body, its User-Agent."""
@@ -89,8 +91,11 @@ class Server:
             def do_DELETE(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 owner.deletes.append((self.path, json.loads(raw or b"{}"), self.headers.get("User-Agent", "")))
+                step = owner.delete_script.pop(0) if owner.delete_script else 200
                 body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
-                self.send_response(200)
+                if step != 200:
+                    body = json.dumps({"kind": "Status", "code": step, "reason": "Injected"}).encode()
+                self.send_response(step)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -205,3 +210,18 @@ def test_a_forced_delete_sends_its_grace_period_in_the_body_beside_the_uid_preco
     assert body.get("gracePeriodSeconds") == 0 and body.get("preconditions") == {"uid": "u-1"}, body
     assert "gracePeriodSeconds" not in plain and "preconditions" not in plain, "the pod's own grace period"
     assert agent.startswith("tidal/"), "the audit log names the operator's writes"
+
+
+def test_a_delete_refused_by_its_uid_precondition_counts_as_done_and_other_refusals_do_not(server, tmp_path):
+    # 409: the name now holds another pod, so the one meant is gone (as with 404); a 403 is a
+    # real failure the caller must see.
+    s = server([], delete_script=[409, 404, 403])
+    api = s.api(tmp_path, RetryPolicy(), [])
+    raised: list[int | None] = []
+    for _ in range(3):
+        try:
+            api.delete_pod("ns", "p", 0, uid="u-old")
+            raised.append(None)
+        except ApiException as e:
+            raised.append(e.status)
+    assert raised == [None, None, 403]

@@ -44,6 +44,7 @@ CYCLE = "k8s/cycle.py"
 WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
+WRITE = "k8s/write.py"
 CAPACITY = "rebalance/capacity.py"
 RESIZE_COST = "rebalance/resize_cost.py"
 DEMAND = "rebalance/demand.py"
@@ -111,6 +112,8 @@ SAFETY = {
         CHECKS + "test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete",
     ),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
+    # Failed deletes are still reported and the write order kept.
+    WRITE: ("tests/unit/test_write.py::test_failed_deletes_are_reported_and_succeeded_domain_deletes_remembered",),
     # The cache still follows watched pods.
     WATCH: ("tests/unit/test_watch_cache.py::test_membership_follows_label_changes_through_the_index",),
     # A suspension of a Live job is still checkpoint-first.
@@ -1117,6 +1120,28 @@ MUTANTS = [
         '"worldJoining": list(range(shape.dp, bigger.dp)),',
         '"worldJoining": [],',
         "tests/unit/test_live_resize.py::test_a_live_grow_back_is_a_new_generation_whose_new_replicas_know_they_join",
+    ),
+    # issue 34's leftovers, each pinned
+    Mutant(
+        "a pool's invalid spec (an unknown timezone) is named in its status",
+        REGROW,
+        '        new = {**status, "reason": problem, "conditions": conditions}',
+        '        new = {**status, "conditions": conditions}',
+        REBALANCE + "test_an_unknown_timezone_is_named_in_the_pools_status_with_the_nearest_valid_zones",
+    ),
+    Mutant(
+        "a delete refused by its uid precondition (409) counts as done",
+        API,
+        "if e.status not in (404, 409):",
+        "if e.status not in (404,):",
+        "tests/unit/test_api_retry.py::test_a_delete_refused_by_its_uid_precondition_counts_as_done_and_other_refusals_do_not",
+    ),
+    Mutant(
+        "a pod delete carries the uid the cycle saw",
+        WRITE,
+        "api.delete_pod(d.namespace, d.name, d.grace_seconds, d.uid)",
+        "api.delete_pod(d.namespace, d.name, d.grace_seconds)",
+        "tests/unit/test_write.py::test_a_pod_delete_goes_out_with_its_grace_and_the_uid_the_cycle_saw",
     ),
 ]
 

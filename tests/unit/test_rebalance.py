@@ -792,3 +792,19 @@ def test_a_window_shorter_than_the_step_is_still_seen():
         "schedule": {"windows": [{"start": "06:12", "end": "06:17", "minReplicas": 4}]},
     }
     assert scheduled_rise_s([ScheduledPool(brief, placed=0)], at("06:00"), spare_gpus=0, horizon_s=3600) == 720
+
+
+def test_an_unknown_timezone_is_named_in_the_pools_status_with_the_nearest_valid_zones():
+    # The API server accepts any string; the pool says what is wrong where a user looks, and
+    # makes no replicas on a schedule it cannot read.
+    cluster = FakeCluster("nvl72", 1)
+    schedule = {"timezone": "Europe/Pari", "windows": [{"start": "00:00", "end": "23:59", "minReplicas": 1}]}
+    pool = {"minReplicas": 0, "maxReplicas": 2, "tp": 8, "gpusPerPod": 4, "schedule": schedule}
+    cluster.add("InferencePool", "serve", "chat", {**pool, "template": TEMPLATE})
+    run(cluster, Controller(cluster, FixedClock(at("12:00"))))
+    status = cluster.status("InferencePool", "serve", "chat")
+    (schedulable,) = [c for c in status["conditions"] if c["type"] == "Schedulable"]
+    assert schedulable["status"] == "False" and schedulable["reason"] == "InvalidSpec"
+    reason = status.get("reason", "")
+    assert "Europe/Paris" in reason and "timezone" in reason, status
+    assert not status.get("placedReplicas")

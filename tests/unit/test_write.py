@@ -54,6 +54,7 @@ class Recorder:
         self._do("annotate", name)
 
     def delete_pod(self, namespace, name, grace=None, uid=""):
+        self.sent_deletes = [*getattr(self, "sent_deletes", []), (name, grace, uid)]
         self._do("delete_pod", name)
 
     def delete_compute_domain(self, namespace, name):
@@ -149,6 +150,16 @@ def test_failed_deletes_are_reported_and_succeeded_domain_deletes_remembered():
     applied = apply_actions(plan, rec, rec)
     assert [d.uid for d in applied.failed_pod_deletes] == ["u0"]
     assert applied.deleted_domains == {("ns", "old-cd")}
+
+
+def test_a_pod_delete_goes_out_with_its_grace_and_the_uid_the_cycle_saw():
+    # The uid is the precondition that keeps a pod of the same name made since (a new leader's)
+    # from being deleted in the old one's stead (k8s/api.py delete_pod).
+    rec = Recorder()
+    plan = ActionPlan()
+    plan.pod_deletes += [PodDelete("ns", "a-0", None, "ua"), PodDelete("ns", "b-0", 0, "ub")]
+    apply_actions(plan, rec, rec)
+    assert sorted(rec.sent_deletes) == [("a-0", None, "ua"), ("b-0", 0, "ub")]
 
 
 def test_a_refused_status_gets_its_job_no_domain_and_no_pods_and_stops_no_pool():
