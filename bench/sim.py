@@ -73,6 +73,12 @@ def _aggregate(base: Scenario, seeds: list[int], runs: list[dict]) -> dict:
         else None,
         "goodput_ratio_tidal_vs_autoscale_preempt": agg["goodput_ratio_tidal_vs_autoscale_preempt"],
         "goodput_ratio_tidal_vs_autoscale_preempt_graceful": agg["goodput_ratio_tidal_vs_autoscale_preempt_graceful"],
+        "seeds_tidal_met_less_inference_than_autoscale_preempt": agg[
+            "seeds_tidal_met_less_inference_than_autoscale_preempt"
+        ],
+        "seeds_tidal_met_less_inference_than_autoscale_preempt_graceful": agg[
+            "seeds_tidal_met_less_inference_than_autoscale_preempt_graceful"
+        ],
         "per_seed_lead": [r["lead_vs_autoscale_preempt"] for r in runs],
         "ceiling": ceiling(runs),
         "_agg": agg,
