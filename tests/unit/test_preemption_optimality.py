@@ -24,6 +24,17 @@ from tidal.placement import PreemptionPlan, Unplaceable, plan_gang, plan_preempt
 from .test_placement_properties import check_plan
 
 
+def check_placement_after_evictions(snap, req, running, result: PreemptionPlan) -> None:
+    """The plan's placement is valid on the snapshot with its victims' GPUs given back."""
+    scratch = snap.copy()
+    by_name = {g.name: g for g in running}
+    for e in result.evictions:
+        for r in e.replicas:
+            for node, gpus in by_name[e.gang].replicas[r]:
+                scratch.release(node, gpus)
+    check_plan(scratch, req, result.placement)
+
+
 def compare(count: int, seed: int) -> tuple[list[float], int, int]:
     """Evicted / minimum per instance that needs evictions; instances where it found none wrongly; and
     instances at the fewest GPUs but not the fewest victims."""
@@ -44,13 +55,7 @@ def compare(count: int, seed: int) -> tuple[list[float], int, int]:
         if not isinstance(result, PreemptionPlan):
             missed += 1
             continue
-        scratch = snap.copy()
-        by_name = {g.name: g for g in running}
-        for e in result.evictions:
-            for r in e.replicas:
-                for node, gpus in by_name[e.gang].replicas[r]:
-                    scratch.release(node, gpus)
-        check_plan(scratch, req, result.placement)
+        check_placement_after_evictions(snap, req, running, result)
         ratios.append(result.evicted_gpus / minimum[0])
         more_victims += result.evicted_gpus == minimum[0] and len(result.evictions) > minimum[1]
     return ratios, missed, more_victims
@@ -147,13 +152,7 @@ def many_small_ratios(count: int, seed: int) -> tuple[list[float], int]:
             assert isinstance(result, Unplaceable), "evicted although nothing makes room"
             continue
         assert isinstance(result, PreemptionPlan)
-        scratch = snap.copy()
-        by_name = {g.name: g for g in running}
-        for e in result.evictions:
-            for r in e.replicas:
-                for node, gpus in by_name[e.gang].replicas[r]:
-                    scratch.release(node, gpus)
-        check_plan(scratch, req, result.placement)
+        check_placement_after_evictions(snap, req, running, result)
         ratios.append(result.evicted_gpus / minimum[0])
         more_victims += result.evicted_gpus == minimum[0] and len(result.evictions) > minimum[1]
     return ratios, more_victims
