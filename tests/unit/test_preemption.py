@@ -493,3 +493,28 @@ def test_search_counts_groups_like_the_released_snapshot(data):
     assert states[0].sslots == states[1].sslots
     if search.exact_partial:
         assert states[0].partial == states[1].partial, "exact sums: the order of the terms cannot matter"
+
+
+def test_the_node_dp_gives_way_to_the_greedy_where_its_tables_would_take_too_long(monkeypatch: pytest.MonkeyPatch):
+    # A flat request for 1,500 one-GPU pods on 1,000 nodes, each held by one elastic victim of eight
+    # one-GPU replicas: the DP's tables would take seconds (a reviewer measured 4 s), so the
+    # greedy decides, and still makes room.
+    from tidal.topology.snapshot import NodeState, SupernodeState
+
+    snap = ClusterSnapshot()
+    running = []
+    for s in range(125):
+        members = [f"s{s}-n{i}" for i in range(8)]
+        snap.add_supernode(SupernodeState(f"s{s}", "nvidia.com/gpu", list(members)))
+        for name in members:
+            snap.add_node(NodeState(name, f"s{s}", 8))
+            snap.allocate(name, 8)
+            running.append(RunningGang(name, 0, True, tuple(((name, 1),) for _ in range(8)), min_replicas=1))
+    request = GangRequest("flat", 1500, 1, 1, priority=5)
+
+    def not_the_dp(*args, **kwargs):
+        raise AssertionError("the DP ran past its step bound")
+
+    monkeypatch.setattr(preemption, "minimum_levels", not_the_dp)
+    plan = plan_preemption(snap, request, running)
+    assert isinstance(plan, PreemptionPlan) and plan.evicted_gpus >= 1500

@@ -256,9 +256,16 @@ MUTANTS = [
     Mutant(
         "many small victims: the exact node DP decides",
         PREEMPTION,
-        "        if single_node(self, relevant):",
-        "        if False:",
+        "        if single_node(self, relevant) and dp_steps(",
+        "        if False and dp_steps(",
         OPTIMAL + "test_many_small_victims_get_the_exact_minimum",
+    ),
+    Mutant(
+        "the node DP stays within its step bound (the greedy decides above it)",
+        PREEMPTION,
+        "dp_steps(self, groups, relevant) <= DP_MAX_STEPS",
+        "dp_steps(self, groups, relevant) >= 0",
+        PREEMPT + "test_the_node_dp_gives_way_to_the_greedy_where_its_tables_would_take_too_long",
     ),
     Mutant(
         "the node DP's ties go to the lower priority",

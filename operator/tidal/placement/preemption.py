@@ -1,7 +1,8 @@
 """Which whole gangs (or whole elastic DP replicas) to evict so a higher-priority gang fits.
 
 Objective, lexicographic: fewest GPUs evicted, then fewest victims (evictions), then lowest
-priority (priority weighted by the GPUs taken), then names for determinism.
+priority (priority weighted by the GPUs taken); among equals, the first found in the order the
+running gangs are given (deterministic for the same input).
 
 Model. Room is a count: a supernode with the request's accelerator holds
 floor(slots / pods_per_group) groups, where slots sums floor(free / gpus_per_pod) over its usable
@@ -47,7 +48,7 @@ from itertools import count
 from typing import TypeVar
 
 from tidal.placement.gang import plan_gang
-from tidal.placement.preemption_dp import minimum_levels, single_node
+from tidal.placement.preemption_dp import DP_MAX_STEPS, dp_steps, minimum_levels, single_node
 from tidal.placement.types import GangRequest, PlacementPlan, Unplaceable
 from tidal.topology.snapshot import ClusterSnapshot, NodeState
 
@@ -548,10 +549,13 @@ class EvictionSearch:
         if self.base_groups >= groups:
             return self._choice(levels, self.base_groups)
         relevant = [v for v, lim in enumerate(limits) if lim and self.victims[v].sns]
-        if single_node(self, relevant):  # many small victims: exact at any count (preemption_dp)
+        if single_node(self, relevant) and dp_steps(self, groups, relevant) <= DP_MAX_STEPS:
+            # Many small victims: exact at any count (preemption_dp).
             dp = minimum_levels(self, groups, limits, relevant)
             if dp is None:
-                return None
+                if self.max_groups(limits) < groups:
+                    return None
+                dp = [0] * len(self.victims)  # the two counts disagree (a bug): the search below answers
             st = _State(self)
             for v, level in enumerate(dp):
                 if level:

@@ -45,6 +45,26 @@ def single_node(search: EvictionSearch, relevant: list[int]) -> bool:
     return True
 
 
+DP_MAX_STEPS = 2_000_000
+"""Table steps the DP may take (about a second of Python); above, the greedy and the branch and
+bound decide as they did before it (a flat request for thousands of groups on thousands of
+elastic victims would otherwise take minutes inside an operator cycle)."""
+
+
+def dp_steps(search: EvictionSearch, target: int, relevant: list[int]) -> int:
+    """An upper bound on the supernode stage's table steps, the DP's dominant cost: per tracked
+    node, its released-GPU outcomes times the slot outcomes its supernode's table may hold."""
+    need = target - search.base_groups
+    nodes = {search.node_of[name] for v in relevant for replica in search.victims[v].replica_rel for name in replica}
+    per_group = search.per_group
+    steps = 0
+    for i in nodes:
+        s0 = search.sn_slots0[search.node_sn[i]]
+        cap = (s0 // per_group + need) * per_group - s0
+        steps += (search.node_alloc[i] + 1) * (cap + 1)
+    return steps
+
+
 def minimum_levels(search: EvictionSearch, target: int, limits: list[int], relevant: list[int]) -> list[int] | None:
     """Levels (per candidate) of the cheapest plan that holds `target` groups, or None if none does.
 
@@ -115,10 +135,13 @@ def _node_slots(search: EvictionSearch, i: int, candidates: list[int], limits: l
     released: Table = {0: (0, None)}
     for v in candidates:
         victim = search.victims[v]
-        ladder = []
-        for level in range(1, limits[v] + 1):
-            gpus = sum(g for replica in victim.replica_rel[victim.first(level) :] for g in replica.values())
-            ladder.append((gpus, fold.cost(search, v, level), (v, level)))
+        # GPUs on the node each level releases: suffix sums over the replicas (a long ladder).
+        suffix = [0] * (victim.n + 1)
+        for k in range(victim.n - 1, -1, -1):
+            suffix[k] = suffix[k + 1] + sum(victim.replica_rel[k].values())
+        ladder = [
+            (suffix[victim.first(level)], fold.cost(search, v, level), (v, level)) for level in range(1, limits[v] + 1)
+        ]
         grown = dict(released)
         for r, (cost, picks) in released.items():
             for gpus, extra, pick in ladder:
