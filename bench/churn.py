@@ -8,15 +8,19 @@ arrive as a Poisson stream whose offered load is `load` x the cluster, run for a
 time, and wait in one queue tried in arrival order with backfill at every arrival and departure.
 A job still pending after `patience` is refused. `regimes` (in --json) adds the regime without a queue,
 where an arrival that does not fit at once is refused (users who resubmit rather than queue), for
-tidal, best-fit and constrained first-fit: per-seed refused jobs and GPUs in both regimes. The same
+tidal (both packings), best-fit and constrained first-fit: per-seed refused jobs and GPUs in both
+regimes, and `regime_wins`: per tidal packing and regime, the seeds where it refused fewer jobs /
+fewer GPUs / both than both baselines. The same
 arrival stream is given to:
 
 - tidal: `plan_gang` with the leftover valued for the pending queue's and recent arrivals' group
   sizes, and the workloads per supernode (the snapshot's `residents`, kept here from the running
   jobs as the operator keeps them from placements); and tidal_without_demand, the same planner
   told nothing of the queue or arrivals (it still reads residents), so the queue knowledge is
-  measured on its own. `--resident-weight` / `--resident-power` override the resident cost
-  (`gang.RESIDENT_WEIGHT`, `gang.RESIDENT_POWER`) for a sensitivity sweep;
+  measured on its own; tidal_fill, the same planner with the operator's `--packing fill` (no
+  resident cost: partly used supernodes filled by leftover alone). `--resident-weight` /
+  `--resident-power` override the resident cost (`gang.RESIDENT_WEIGHT`, `gang.RESIDENT_POWER`)
+  for a sensitivity sweep;
 - best-fit: every group inside one supernode, packed like Kueue TAS's BestFit (fewest blocks,
   most room first, the tightest supernode for the remainder) or Slurm's block plugin;
 - constrained first-fit: every group inside one supernode, supernodes in name order (the lower
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 
 from tidal.placement import (
     GangRequest,
+    Packing,
     PlacementPlan,
     apply_plan,
     gang,
@@ -98,6 +103,7 @@ Planner = Callable[[ClusterSnapshot, GangRequest, GroupDemand], object]
 
 PLANNERS: dict[str, Planner] = {
     "tidal": plan_gang,
+    "tidal_fill": lambda snap, req, demand: plan_gang(snap, req, demand, Packing.FILL),
     "tidal_without_demand": lambda snap, req, _demand: plan_gang(snap, req),
     "best_fit": lambda snap, req, _demand: plan_best_fit(snap, req),
     "constrained_first_fit": lambda snap, req, _demand: plan_constrained_first_fit(snap, req),
@@ -220,7 +226,7 @@ def run(seeds: list[int], cluster_gpus: int, jobs: int, load: float) -> dict[str
     return out
 
 
-REGIME_PLANNERS = ("tidal", "best_fit", "constrained_first_fit")
+REGIME_PLANNERS = ("tidal", "tidal_fill", "best_fit", "constrained_first_fit")
 
 
 def regimes(flat: dict[str, object], seeds: list[int], cluster_gpus: int, jobs: int, load: float) -> dict[str, object]:
@@ -239,6 +245,32 @@ def regimes(flat: dict[str, object], seeds: list[int], cluster_gpus: int, jobs: 
             "refused_jobs": [r["refused_jobs"] for r in runs],  # type: ignore[misc]
             "refused_gpus": [r["refused_gpus"] for r in runs],  # type: ignore[misc]
         }
+    return out
+
+
+BASELINES = ("best_fit", "constrained_first_fit")
+
+
+def regime_wins(by_regime: dict[str, dict[str, dict[str, list[int]]]]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per tidal packing and regime: in how many seeds it refused fewer jobs, fewer GPUs, and both,
+    than each baseline (strictly fewer; the issue's bar is every seed, both counts, both baselines)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for name in ("tidal", "tidal_fill"):
+        for regime, planners in by_regime.items():
+            if name not in planners or not all(b in planners for b in BASELINES):
+                continue
+            mine = planners[name]
+            seeds = range(len(mine["refused_jobs"]))
+            fewer = {
+                field: [all(mine[field][i] < planners[b][field][i] for b in BASELINES) for i in seeds]
+                for field in ("refused_jobs", "refused_gpus")
+            }
+            out.setdefault(name, {})[regime] = {
+                "seeds": len(seeds),
+                "fewer_jobs": sum(fewer["refused_jobs"]),
+                "fewer_gpus": sum(fewer["refused_gpus"]),
+                "fewer_both": sum(j and g for j, g in zip(fewer["refused_jobs"], fewer["refused_gpus"], strict=True)),
+            }
     return out
 
 
@@ -262,6 +294,7 @@ def main() -> None:
             del PLANNERS[name]
     result = run(args.seeds, args.gpus, args.jobs, args.load)
     result["regimes"] = regimes(result, args.seeds, args.gpus, args.jobs, args.load)
+    result["regime_wins"] = regime_wins(result["regimes"])  # type: ignore[arg-type]
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
 
 

@@ -103,7 +103,7 @@ def test_helm_lint_and_template(kube: Kube):
     assert bad.returncode != 0 and "apiTimeoutSeconds" in bad.stderr
     # The tide's hysteresis: the operator's defaults unless set (a slow load wave wants longer).
     assert "--scale-down-stabilization=300" in args and "--grow-back-cooldown=600" in args
-    assert "--not-ready-grace=30" in args
+    assert "--not-ready-grace=30" in args and "--packing=keep-whole" in args
     slow = ["--set", "operator.scaleDownStabilizationSeconds=1800", "--set", "operator.growBackCooldownSeconds=3600"]
     rendered = helm(kube, "template", RELEASE, str(CHART), *slow).stdout
     deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
@@ -111,6 +111,8 @@ def test_helm_lint_and_template(kube: Kube):
     assert "--scale-down-stabilization=1800" in args and "--grow-back-cooldown=3600" in args
     bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.growBackCooldownSeconds=0", check=False)
     assert bad.returncode != 0 and "growBackCooldownSeconds" in bad.stderr
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.packing=tightest", check=False)
+    assert bad.returncode != 0 and "packing" in bad.stderr
 
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:

@@ -49,3 +49,17 @@ def test_regimes_hold_per_seed_refusals_of_each_planner_in_both_regimes():
         for figures in out[regime].values():
             assert len(figures["refused_jobs"]) == len(figures["refused_gpus"]) == 2
     assert out["queue"]["tidal"]["refused_jobs"] == flat["churn_refused_jobs"]
+
+
+def test_regime_wins_count_seeds_where_tidal_refused_fewer_than_both_baselines():
+    from bench.churn import regime_wins
+
+    figures = {
+        "tidal": {"refused_jobs": [5, 5, 9], "refused_gpus": [50, 70, 10]},
+        "best_fit": {"refused_jobs": [6, 6, 6], "refused_gpus": [60, 60, 60]},
+        "constrained_first_fit": {"refused_jobs": [7, 5, 9], "refused_gpus": [55, 80, 90]},
+    }
+    wins = regime_wins({"queue": figures})
+    # seed 1: fewer than both on both counts; seed 2: a tie on jobs with CFF and more GPUs than
+    # best-fit; seed 3: fewer GPUs only.
+    assert wins == {"tidal": {"queue": {"seeds": 3, "fewer_jobs": 1, "fewer_gpus": 2, "fewer_both": 1}}}

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import pytest
 
-from tidal.placement import GangRequest, PlacementPlan, Unplaceable, UnplaceableReason, apply_plan, gang, plan_gang
+from tidal.placement import (
+    GangRequest,
+    Packing,
+    PlacementPlan,
+    Unplaceable,
+    UnplaceableReason,
+    apply_plan,
+    gang,
+    plan_gang,
+)
 from tidal.placement.leftover import GroupDemand, stranded_gpus
 from tidal.topology import ClusterSnapshot, NodeState, SupernodeState, build_fleet, snapshot_from_fleet
 
@@ -355,6 +364,21 @@ def test_a_workload_pays_no_joining_cost_where_it_already_is():
         snap, GangRequest("grow", groups=1, group_gpus=8, gpus_per_pod=4, resident_on=frozenset({"nvl72-0000"}))
     )
     assert growth.supernodes == {"nvl72-0000"}
+
+
+def test_fill_packing_takes_the_tighter_rack_whatever_its_residents():
+    # Rack 0 (one resident) is tighter than rack 1 (six residents). keep-whole sends the group to
+    # the busy rack so that rack 0 can come back whole soon; fill (the operator's --packing fill,
+    # for users who resubmit rather than queue) has no resident cost: the tighter rack.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    use(snap, "nvl72-0000", 10)
+    use(snap, "nvl72-0001", 9)
+    snap.add_residents(["nvl72-0000"])
+    snap.add_residents(["nvl72-0001"], 6)
+    request = GangRequest("g", groups=1, group_gpus=8, gpus_per_pod=4)
+    assert plan_gang(snap, request).supernodes == {"nvl72-0001"}
+    assert plan_gang(snap, request, packing=Packing.KEEP_WHOLE).supernodes == {"nvl72-0001"}
+    assert plan_gang(snap, request, packing=Packing.FILL).supernodes == {"nvl72-0000"}
 
 
 def test_a_supernode_taken_again_by_a_later_step_is_not_charged_its_joining_cost_twice():

@@ -232,6 +232,20 @@ MUTANTS = [
         QUALITY + "test_a_small_group_joins_the_busier_of_two_equal_holes",
     ),
     Mutant(
+        "fill packing pays no resident cost",
+        GANG,
+        "if packing is Packing.FILL:",
+        "if False:",
+        QUALITY + "test_fill_packing_takes_the_tighter_rack_whatever_its_residents",
+    ),
+    Mutant(
+        "admission places with the operator's --packing",
+        ADMISSION,
+        "plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)",
+        "plan_gang(cyc.snapshot, request, cyc.demand)",
+        "tests/unit/test_watch_cache.py::test_admission_places_with_the_operators_packing[fill]",
+    ),
+    Mutant(
         "all groups in one supernode compared with the greedy steps",
         GANG,
         "if singles:  # by total loss",

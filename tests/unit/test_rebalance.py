@@ -603,6 +603,18 @@ def test_the_window_and_the_cooldown_are_operator_flags():
             build_parser().parse_args(["run", "--scale-down-stabilization", bad])
 
 
+def test_packing_is_an_operator_flag():
+    from tidal.cli import build_parser
+    from tidal.k8s.runner import controller_settings
+    from tidal.placement import Packing
+
+    assert controller_settings(build_parser().parse_args(["run"])).packing is Packing.KEEP_WHOLE
+    fill = controller_settings(build_parser().parse_args(["run", "--packing", "fill"]))
+    assert fill.packing is Packing.FILL
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--packing", "tightest"])
+
+
 def test_a_restart_after_the_spike_ends_still_calls_the_eviction_off():
     # The restart seed once took the status' desired (12, of which 4 placed) as seen anew: the
     # pool asked for 8 unplaced replicas for another window and the shrink went ahead for them.

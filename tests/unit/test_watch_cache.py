@@ -10,13 +10,13 @@ from tidal.clock import FixedClock
 from tidal.k8s import labels
 from tidal.k8s.admission import placement_demand
 from tidal.k8s.cache import build_snapshot, memberships
-from tidal.k8s.controller import Controller
+from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.manifests import owner_reference
 from tidal.k8s.pools import pool_allocations
 from tidal.k8s.state import pod_view
 from tidal.k8s.training import allocations
 from tidal.k8s.watch import Deleted, WatchCache
-from tidal.placement import plan_gang
+from tidal.placement import Packing, plan_gang
 from tidal.placement.leftover import QUEUE_WEIGHT, ArrivalHistory
 from tidal.topology import build_fleet, snapshot_from_fleet
 
@@ -375,9 +375,9 @@ def test_a_job_admitted_earlier_in_the_cycle_is_a_resident_for_the_next(monkeypa
 
     residents_seen = []
 
-    def recording(snapshot, request, demand=None):
+    def recording(snapshot, request, demand=None, packing=Packing.KEEP_WHOLE):
         residents_seen.append(sum(snapshot.residents.values()))
-        return plan_gang(snapshot, request, demand)
+        return plan_gang(snapshot, request, demand, packing)
 
     monkeypatch.setattr(admission, "plan_gang", recording)
     cluster = FakeCluster("nvl72", 2)
@@ -392,15 +392,32 @@ def test_admission_places_with_the_cycles_demand(monkeypatch):
 
     seen = []
 
-    def recording(snapshot, request, demand=None):
+    def recording(snapshot, request, demand=None, packing=Packing.KEEP_WHOLE):
         seen.append(demand)
-        return plan_gang(snapshot, request, demand)
+        return plan_gang(snapshot, request, demand, packing)
 
     monkeypatch.setattr(admission, "plan_gang", recording)
     cluster = FakeCluster("nvl72", 2)
     job(cluster, "a", 1)
     run(cluster, Controller(cluster, FixedClock(NOW)), cycles=1)
     assert seen and seen[0] is not None and 16 in seen[0].sizes("nvidia.com/gpu")
+
+
+@pytest.mark.parametrize("packing", list(Packing))
+def test_admission_places_with_the_operators_packing(monkeypatch, packing):
+    from tidal.k8s import admission
+
+    seen = []
+
+    def recording(snapshot, request, demand=None, packing=Packing.KEEP_WHOLE):
+        seen.append(packing)
+        return plan_gang(snapshot, request, demand, packing)
+
+    monkeypatch.setattr(admission, "plan_gang", recording)
+    cluster = FakeCluster("nvl72", 2)
+    job(cluster, "a", 1)
+    run(cluster, Controller(cluster, FixedClock(NOW), ControllerSettings(packing=packing)), cycles=1)
+    assert seen == [packing]
 
 
 def test_a_pods_deletion_handled_after_its_successor_under_the_name_keeps_the_successor():

@@ -51,6 +51,7 @@ from tidal.k8s.training import (
 from tidal.k8s.watch import SnapshotKeeper, WatchCache
 from tidal.k8s.write import Applied, apply_actions
 from tidal.placement.leftover import ArrivalHistory
+from tidal.placement.types import Packing
 from tidal.rebalance import DemandTracker
 
 
@@ -68,16 +69,18 @@ class ControllerSettings:
     """Honour the deprecated integer spec.priority (operator flag --spec-priority): only where every
     tenant may outrank every other; otherwise priorities come from PriorityClasses alone."""
     resync_seconds: float = 300.0
+    """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
     admission_timeout_seconds: float = 600.0
     """Operator flag --admission-timeout: a gang's pods not all bound and Running this long after
     they were placed have their groups placed again (Kueue's waitForPodsReady); 0 turns it off."""
-    """How often the cache is brought to a full copy of the kopf indices (also at the first tick)."""
     state_namespace: str | None = None
     """Operator flag --state-namespace: where the disruption ledger's ConfigMap lives (None: kept
     in memory only, so a restart forgets deleted jobs' evictions of the last hour)."""
     not_ready_grace_seconds: float = 30.0
     """Operator flag --not-ready-grace: while more than 2 nodes are NotReady, how long one must be
     before its groups are placed again (k8s/outage.py)."""
+    packing: Packing = Packing.KEEP_WHOLE
+    """Operator flag --packing: which refusals a full cluster trades for which (placement.types.Packing)."""
     state_name: str = "tidal-disruptions"
     """The ledger ConfigMap's name: the peering name + "-disruptions" (one per release)."""
 
@@ -389,6 +392,7 @@ class Controller:
             domains_deleted_before=self.domains_deleted,
             admission_timeout=self.admission_timeout(),
             demand=placement_demand(statuses, self.arrivals, snapshot),
+            packing=self.settings.packing,
         )
         # A holder that waits no more (deleted or suspended) frees its nodes and quota share before
         # anything is planned: pools are grown before admission, which would drop it too late.

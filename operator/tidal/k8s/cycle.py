@@ -26,6 +26,7 @@ from tidal.k8s.state import PodView, ResourceView, runs_nothing
 from tidal.k8s.status import StatusWriter
 from tidal.k8s.taints import Toleration, closed, tolerations_of, untolerated
 from tidal.placement.leftover import GroupDemand
+from tidal.placement.types import Packing
 from tidal.topology.snapshot import ClusterSnapshot
 
 log = structlog.get_logger("tidal")
@@ -169,6 +170,8 @@ class Cycle:
     demand: GroupDemand | None = None
     """Group sizes placement keeps leftovers for: queued TrainingJobs' and recent arrivals'
     (`admission.placement_demand`)."""
+    packing: Packing = Packing.KEEP_WHOLE
+    """The operator's --packing, passed to every plan_gang that places new work."""
     domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
     """(namespace, name) of ComputeDomains whose delete the previous cycle's write saw succeed (or
     404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted

@@ -313,7 +313,7 @@ def expand_elastic(
                 continue  # a smaller grow-back stalls the job as long and may still pay
             request = _growth_request(cyc, view, status, shape, bigger)
             with cyc.tolerating(view.spec.get("template")):
-                plan = plan_gang(cyc.snapshot, request, cyc.demand)
+                plan = plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)
                 if isinstance(plan, PlacementPlan):
                     apply_plan(cyc.snapshot, plan)
                     cyc.snapshot.add_residents(plan.supernodes - request.resident_on)

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 from tidal.clock import FileClock, SystemClock
 from tidal.logging import configure as configure_logging
 from tidal.model.inference_pool import LOAD_SOURCE_NAME
+from tidal.placement.types import Packing
 
 if TYPE_CHECKING:
+    from tidal.k8s.controller import ControllerSettings
     from tidal.k8s.rebalancing import RebalanceSettings
 
 
@@ -28,8 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
     from tidal.k8s.api import Api, RetryPolicy, load_client
-    from tidal.k8s.controller import Controller, ControllerSettings
-    from tidal.k8s.disruption_ledger import CONFIGMAP_SUFFIX
+    from tidal.k8s.controller import Controller
 
     api = Api(
         load_client(str(args.kubeconfig) if args.kubeconfig else None),
@@ -38,17 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.standalone and not _peering_ready(api, args):
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
-    settings = ControllerSettings(
-        min_cycle_seconds=args.cycle_seconds,
-        rebalance=rebalance_settings(args),
-        supernode_label=args.supernode_label,
-        max_cycle_age_seconds=args.max_cycle_age,
-        spec_priority=args.spec_priority,
-        admission_timeout_seconds=args.admission_timeout,
-        state_namespace=args.state_namespace,
-        not_ready_grace_seconds=args.not_ready_grace,
-        state_name=args.peering_name + CONFIGMAP_SUFFIX,
-    )
+    settings = controller_settings(args)
     controller = Controller(api, clock, settings)
     if args.metrics_port:
         from tidal.metrics import Metrics
@@ -71,6 +62,24 @@ def run(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
+
+
+def controller_settings(args: argparse.Namespace) -> ControllerSettings:
+    from tidal.k8s.controller import ControllerSettings
+    from tidal.k8s.disruption_ledger import CONFIGMAP_SUFFIX
+
+    return ControllerSettings(
+        min_cycle_seconds=args.cycle_seconds,
+        rebalance=rebalance_settings(args),
+        supernode_label=args.supernode_label,
+        max_cycle_age_seconds=args.max_cycle_age,
+        spec_priority=args.spec_priority,
+        admission_timeout_seconds=args.admission_timeout,
+        state_namespace=args.state_namespace,
+        not_ready_grace_seconds=args.not_ready_grace,
+        packing=Packing(args.packing),
+        state_name=args.peering_name + CONFIGMAP_SUFFIX,
+    )
 
 
 def rebalance_settings(args: argparse.Namespace) -> RebalanceSettings:
@@ -186,6 +195,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="while more than 2 nodes are NotReady, how long one must be before its groups are placed "
         "again (an outage may still be spreading; default 30); with 2 or fewer, at once",
+    )
+    parser.add_argument(
+        "--packing",
+        choices=[p.value for p in Packing],
+        default=Packing.KEEP_WHOLE.value,
+        help="keep-whole (default): keep racks whole for domain-sized groups, for clusters whose jobs "
+        "queue; fill: fill partly used supernodes first, for users who resubmit rather than queue "
+        '(README "Placement": what each refuses)',
     )
     parser.add_argument(
         "--state-namespace",

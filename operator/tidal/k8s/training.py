@@ -725,7 +725,7 @@ def _replace_groups(
         resident_on={g["supernode"] for g in placement.values() if g["group"] not in groups},
     )
     with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoid):
-        plan = plan_gang(cyc.snapshot, request, cyc.demand)
+        plan = plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)
         if isinstance(plan, PlacementPlan):
             apply_plan(cyc.snapshot, plan)
             cyc.snapshot.add_residents(plan.supernodes - request.resident_on)

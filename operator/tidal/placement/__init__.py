@@ -7,6 +7,7 @@ from tidal.placement.shape import GangShape
 from tidal.placement.types import (
     GangRequest,
     GroupAssignment,
+    Packing,
     PlacementPlan,
     Unplaceable,
     UnplaceableReason,
@@ -17,6 +18,7 @@ __all__ = [
     "GangRequest",
     "GangShape",
     "GroupAssignment",
+    "Packing",
     "PlacementPlan",
     "PreemptionPlan",
     "RunningGang",

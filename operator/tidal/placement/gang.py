@@ -10,7 +10,7 @@ Quality rules, in order:
    leftover per group placed. A whole, empty domain is worth something of its own, so it stays
    whole when a partly used domain can take the group as cheaply. A partly used domain with few
    resident workloads is close to being whole again, so joining it costs more than joining a busy
-   one (`resident_cost`; the snapshot's `residents`).
+   one (`resident_cost`; the snapshot's `residents`), unless the caller's `Packing` is FILL.
 4. Inside a supernode, the fullest nodes first, so empty nodes stay whole.
 Recovery uses hot spares of the preferred (own) supernodes first, then other supernodes'
 ordinary free nodes, and other supernodes' spares last.
@@ -28,6 +28,7 @@ from tidal.placement.leftover import GroupDemand, leftover_value
 from tidal.placement.types import (
     GangRequest,
     GroupAssignment,
+    Packing,
     PlacementPlan,
     Unplaceable,
     UnplaceableReason,
@@ -45,9 +46,14 @@ BLOCKS_SCORED = 16
 
 
 def plan_gang(
-    snapshot: ClusterSnapshot, request: GangRequest, demand: GroupDemand | None = None
+    snapshot: ClusterSnapshot,
+    request: GangRequest,
+    demand: GroupDemand | None = None,
+    packing: Packing = Packing.KEEP_WHOLE,
 ) -> PlacementPlan | Unplaceable:
-    """A full plan for the gang, or the reason it cannot be placed now (or ever). Never mutates."""
+    """A full plan for the gang, or the reason it cannot be placed now (or ever). Never mutates.
+    `packing` is the operator's --packing (callers: k8s admission, training and rebalancing pass
+    the cycle's; recovery, preemption, defragmentation and the simulator keep the default)."""
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
     if request.accelerator not in snapshot.accelerators():
         return Unplaceable(
@@ -88,7 +94,7 @@ def plan_gang(
     for tier in (others, spares):
         if remaining:
             used_blocks = {snapshot.supernodes[name].block or "" for name in chosen}
-            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes, used_blocks):
+            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes, used_blocks, packing):
                 chosen[name] = chosen.get(name, 0) + take
                 remaining -= take
     return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen, set(first))))
@@ -149,6 +155,7 @@ def _choose_supernodes(
     wanted: int,
     sizes: dict[int, float],
     used_blocks: frozenset[str] | set[str] = frozenset(),
+    packing: Packing = Packing.KEEP_WHOLE,
 ) -> list[tuple[str, int]]:
     """(supernode, groups) pairs for `wanted` groups: fewest blocks, then least leftover lost.
 
@@ -157,7 +164,7 @@ def _choose_supernodes(
     """
     if not capacity:
         return []  # e.g. recovery with room only on spares: the next tier supplies it
-    scorer = _LeftoverScorer(request.group_gpus, sizes, request.resident_on)
+    scorer = _LeftoverScorer(request.group_gpus, sizes, request.resident_on, packing)
     chosen: list[tuple[str, int]] = []
     in_used = {n: c for n, c in capacity.items() if (snapshot.supernodes[n].block or "") in used_blocks}
     if in_used:
@@ -199,7 +206,7 @@ def _choose_supernodes(
     return chosen
 
 
-def resident_cost(residents: int, whole: int) -> float:
+def resident_cost(residents: int, whole: int, packing: Packing = Packing.KEEP_WHOLE) -> float:
     """What joining a partly used supernode with `residents` workloads costs its chance to be whole.
 
     A supernode is whole again only when its last resident leaves. Run times carry no memory of
@@ -209,8 +216,11 @@ def resident_cost(residents: int, whole: int) -> float:
     and a partly used one whose holders are unknown to the snapshot's owner (another tenant's
     pods) is treated as no closer to whole than the leftover score says. The form and the weight
     were chosen with `python -m bench.churn --resident-weight W --resident-power P` on seeds 1-15
-    (README "Placement"); the other seeds and loads were run after the choice.
+    (README "Placement"); the other seeds and loads were run after the choice. Packing.FILL
+    turns the cost off.
     """
+    if packing is Packing.FILL:
+        return 0.0
     return RESIDENT_WEIGHT * whole / (residents + 1) ** RESIDENT_POWER if residents > 0 else 0.0
 
 
@@ -218,11 +228,18 @@ class _LeftoverScorer:
     """Leftover value lost per group for k groups in a supernode, memoized on (free, whole, limit, joining):
     racks of one shape share few distinct free counts, so a call scores hundreds of racks cheaply."""
 
-    def __init__(self, group_gpus: int, sizes: dict[int, float], own: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        group_gpus: int,
+        sizes: dict[int, float],
+        own: frozenset[str] = frozenset(),
+        packing: Packing = Packing.KEEP_WHOLE,
+    ):
         self.group = group_gpus
         self.sizes = sizes
         self.own = own
         """Supernodes the request's workload already holds: no joining cost there."""
+        self.packing = packing
         self._memo: dict[tuple[int, int, int, float], tuple[float, int, int]] = {}
 
     def value(self, free: int, whole: int) -> float:
@@ -259,7 +276,8 @@ def _least_leftover_lost(
     whole = {name: snapshot.domain_gpus(name) for name in capacity}
     residents = snapshot.residents
     joining = {
-        name: 0.0 if name in scorer.own else resident_cost(residents.get(name, 0), whole[name]) for name in capacity
+        name: 0.0 if name in scorer.own else resident_cost(residents.get(name, 0), whole[name], scorer.packing)
+        for name in capacity
     }
     singles = [
         (round(scorer.loss(free[name], whole[name], wanted) + joining[name], 9), free[name], name)

@@ -83,6 +83,22 @@ class PlacementPlan:
         return {g.supernode for g in self.groups}
 
 
+class Packing(StrEnum):
+    """Which refusals a full cluster trades for which (operator flag --packing; README "Placement").
+
+    No one rule refuses fewer jobs and fewer GPUs than best-fit in every regime (`bench.churn`
+    regimes): keeping racks whole for domain-sized groups pays where jobs queue and costs small
+    jobs where an arrival that does not fit is refused at once.
+    """
+
+    KEEP_WHOLE = "keep-whole"
+    """Joining a partly used supernode with few residents costs (`gang.resident_cost`), so racks
+    come back whole for domain-sized groups: for clusters whose jobs queue (TrainingJobs do)."""
+    FILL = "fill"
+    """No resident cost: partly used supernodes are chosen by leftover alone: for clusters whose
+    users resubmit rather than queue (fewer refused jobs there, more large ones refused)."""
+
+
 class UnplaceableReason(StrEnum):
     NO_MATCHING_SUPERNODES = "NoMatchingSupernodes"
     POD_LARGER_THAN_NODES = "PodLargerThanNodes"
