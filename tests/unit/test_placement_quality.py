@@ -381,6 +381,19 @@ def test_fill_packing_takes_the_tighter_rack_whatever_its_residents():
     assert plan_gang(snap, request, packing=Packing.FILL).supernodes == {"nvl72-0000"}
 
 
+def test_fill_packing_gives_an_empty_domain_no_worth_beyond_its_group_sizes():
+    # As test_an_empty_domain_is_worth_more_than_its_group_sizes: rack 1 whole, 20-GPU groups in
+    # demand, a 4-GPU group. keep-whole keeps rack 1 empty; fill values racks by the demanded sizes
+    # alone, and 72 -> 68 still holds three 20s where 40 -> 36 loses one.
+    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
+    use(snap, "nvl72-0000", 8)
+    demand = GroupDemand()
+    demand.observe("nvidia.com/gpu", 20)
+    request = GangRequest("tiny", groups=1, group_gpus=4, gpus_per_pod=4)
+    assert plan_gang(snap, request, demand).supernodes == {"nvl72-0000"}
+    assert plan_gang(snap, request, demand, Packing.FILL).supernodes == {"nvl72-0001"}
+
+
 def test_a_supernode_taken_again_by_a_later_step_is_not_charged_its_joining_cost_twice():
     # Found by comparing against a planner that charges the joining cost at every step: the
     # greedy comes back to rack 1 for more groups, and must not pay its five residents' cost again.

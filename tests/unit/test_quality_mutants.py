@@ -239,6 +239,13 @@ MUTANTS = [
         QUALITY + "test_fill_packing_takes_the_tighter_rack_whatever_its_residents",
     ),
     Mutant(
+        "fill packing gives an empty domain no worth of its own",
+        GANG,
+        "if free == whole and self.packing is Packing.KEEP_WHOLE:",
+        "if free == whole:",
+        QUALITY + "test_fill_packing_gives_an_empty_domain_no_worth_beyond_its_group_sizes",
+    ),
+    Mutant(
         "admission places with the operator's --packing",
         ADMISSION,
         "plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)",

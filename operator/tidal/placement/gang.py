@@ -10,7 +10,8 @@ Quality rules, in order:
    leftover per group placed. A whole, empty domain is worth something of its own, so it stays
    whole when a partly used domain can take the group as cheaply. A partly used domain with few
    resident workloads is close to being whole again, so joining it costs more than joining a busy
-   one (`resident_cost`; the snapshot's `residents`), unless the caller's `Packing` is FILL.
+   one (`resident_cost`; the snapshot's `residents`). With `Packing.FILL` neither the whole
+   domain's worth nor the resident cost counts: the leftover for the demanded sizes alone.
 4. Inside a supernode, the fullest nodes first, so empty nodes stay whole.
 Recovery uses hot spares of the preferred (own) supernodes first, then other supernodes'
 ordinary free nodes, and other supernodes' spares last.
@@ -244,7 +245,7 @@ class _LeftoverScorer:
 
     def value(self, free: int, whole: int) -> float:
         worth = leftover_value(free, self.sizes)
-        if free == whole:
+        if free == whole and self.packing is Packing.KEEP_WHOLE:
             worth += WHOLE_DOMAIN_WEIGHT * free  # an empty domain is worth more than its sizes
         return worth
 

@@ -95,8 +95,8 @@ class Packing(StrEnum):
     """Joining a partly used supernode with few residents costs (`gang.resident_cost`), so racks
     come back whole for domain-sized groups: for clusters whose jobs queue (TrainingJobs do)."""
     FILL = "fill"
-    """No resident cost: partly used supernodes are chosen by leftover alone: for clusters whose
-    users resubmit rather than queue (fewer refused jobs there, more large ones refused)."""
+    """Leftover for the demanded group sizes alone (no whole-domain worth, no resident cost): for
+    clusters whose users resubmit rather than queue (fewer refused jobs there, more large ones)."""
 
 
 class UnplaceableReason(StrEnum):
