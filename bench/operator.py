@@ -10,7 +10,11 @@ to match: 256 pods = 1,024 GPUs at dp=4, 4,096 pods = 16,384 GPUs at dp=64) and 
 of 8 to 1,024 GPUs drawn from the calibrated mix, and measures: big_gang_seconds_to_running,
 seconds_to_admit_all (every job placed), seconds_to_running_all, api_requests (the operator's own
 count), operator_peak_rss_mb (VmHWM), and checks the pods actually bound: hbd_split_groups and
-overbooked_gpus must both be 0.
+overbooked_gpus must both be 0. Beside the gang (issue 36): the floor (bench/floor.py: the same
+number of pods created with nodeName on the gang's nodes, no gates and no scheduler, over the
+operator's number of connections, once the operator is stopped), ratio_to_floor,
+operator_cpu_ms_per_pod and api_writes_per_pod (the API server's own count of pod writes, by
+every client, during the gang's start; its breakdown in api_writes).
 
 Then the warm-up: the operator is SIGKILLed, a small job is submitted, a fresh operator process is
 started, and warm_up_seconds is the time from starting it to that job's admission (a new replica
@@ -49,6 +53,7 @@ from kubernetes import client as k8s
 from tests.cluster.kube import E2E, REPO, Kube, bin_dir, eventually
 from tests.cluster.operator_process import OperatorProcess, free_port
 
+from bench.floor import floor_running, pod_writes, writes_between
 from bench.operator_profile import (
     CpuMeter,
     PySpy,
@@ -216,12 +221,14 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
         pod_watch.start()
         meter = CpuMeter({**components, "operator": [op.proc.pid]})
         spy = PySpy(py_spy, op.proc.pid, op.workdir / "py-spy.txt") if py_spy else None
+        writes_before = pod_writes(kube)
         meter.start()
         wall0, t0 = time.time(), time.monotonic()
         kube.run("apply", "-f", "-", input=yaml.safe_dump_all([big, *others]))
         timeout = 600 + gang_pods // 4  # a few thousand pods pass kube-scheduler at its qps limit
         big_s = job_watch.wait(phase_is(["big-gang"], "Running"), timeout, "big gang Running") - t0
         gang_cpu = meter.stop()
+        gang_writes = writes_between(writes_before, pod_writes(kube))
         spy_out = spy.stop() if spy else ""
         cycles_after = cycle_metrics(metrics_port)
         admit_s = job_watch.wait(phase_is(names, "Admitted", "Running"), timeout, "all admitted") - t0
@@ -276,6 +283,11 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
         }
         profile["warm_up_cpu"] = warm_cpu
         split_after, over_after = audit_pods(kube)
+        # The floor, in the same run and on the gang's own nodes, with no operator running.
+        op.stop()
+        gang_nodes = [p["spec"]["nodeName"] for p in kube.get("pods", "-n", "bench", "-l", f"{JOB}=big-gang")["items"]]
+        floor = floor_running(kube, gang_nodes)
+        operator_cpu = gang_cpu["cpu_seconds"].get("operator", 0.0)
         result = {
             "nodes": node_count,
             "gpus": node_count * 4,
@@ -283,6 +295,15 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
             "big_gang_gpus": gang_gpus,
             "big_gang_pods": gang_pods,
             "big_gang_seconds_to_running": round(big_s, 2),
+            "gang_running_s": round(big_s, 2),
+            "floor_running_s": floor["floor_running_s"],
+            "ratio_to_floor": round(big_s / floor["floor_running_s"], 2),
+            "operator_cpu_ms_per_pod": round(1000 * operator_cpu / gang_pods, 2),
+            # Writes to pods by every client (the operator's creates and gate patches,
+            # kube-scheduler's bindings) while the gang started; with --jobs 0 the gang's alone.
+            "api_writes_per_pod": round(sum(gang_writes.values()) / gang_pods, 2),
+            "api_writes": gang_writes,
+            **{k: v for k, v in floor.items() if k != "floor_running_s"},
             "jobs": 1 + len(others),
             "job_gpus": gang_gpus
             + sum(j["spec"]["tp"] * j["spec"]["ep"] * j["spec"]["pp"] * j["spec"]["dp"] for j in others),
@@ -294,6 +315,7 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
             "hbd_split_groups": split,
             "overbooked_gpus": over,
             "warm_up_seconds": round(warm_up_s, 2),
+            "warmup_s": round(warm_up_s, 2),
             "warm_up_health_port_seconds": round(health_s, 2),
             "restarted_operator_rss_mb": round(peak_rss_mb(op.proc.pid), 1),
             "hbd_split_groups_after_restart": split_after,
