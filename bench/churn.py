@@ -17,8 +17,9 @@ arrival stream is given to:
   sizes, and the workloads per supernode (the snapshot's `residents`, kept here from the running
   jobs as the operator keeps them from placements); and tidal_without_demand, the same planner
   told nothing of the queue or arrivals (it still reads residents), so the queue knowledge is
-  measured on its own; tidal_fill, the same planner with the operator's `--packing fill` (no
-  resident cost: partly used supernodes filled by leftover alone). `--resident-weight` /
+  measured on its own; tidal_fill, the same planner and arrivals with the operator's
+  `--packing fill` (the leftover for the demanded sizes alone: no whole-domain worth, no
+  resident cost). `--resident-weight` /
   `--resident-power` override the resident cost (`gang.RESIDENT_WEIGHT`, `gang.RESIDENT_POWER`)
   for a sensitivity sweep;
 - best-fit: every group inside one supernode, packed like Kueue TAS's BestFit (fewest blocks,
@@ -51,7 +52,7 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tidal.placement import (
     GangRequest,
@@ -103,7 +104,7 @@ Planner = Callable[[ClusterSnapshot, GangRequest, GroupDemand], object]
 
 PLANNERS: dict[str, Planner] = {
     "tidal": plan_gang,
-    "tidal_fill": lambda snap, req, demand: plan_gang(snap, req, demand, Packing.FILL),
+    "tidal_fill": lambda snap, req, demand: plan_gang(snap, replace(req, packing=Packing.FILL), demand),
     "tidal_without_demand": lambda snap, req, _demand: plan_gang(snap, req),
     "best_fit": lambda snap, req, _demand: plan_best_fit(snap, req),
     "constrained_first_fit": lambda snap, req, _demand: plan_constrained_first_fit(snap, req),
@@ -233,7 +234,7 @@ def regimes(flat: dict[str, object], seeds: list[int], cluster_gpus: int, jobs: 
     """Refusals per seed with a queue (from run's `flat` figures) and without one (an arrival that
     does not fit at once is refused), for tidal and the two topology-respecting baselines."""
     out: dict[str, dict[str, dict[str, list[int]]]] = {"queue": {}, "no_queue": {}}
-    for name in REGIME_PLANNERS:
+    for name in [n for n in REGIME_PLANNERS if n in PLANNERS]:  # --planners may leave some out
         suffix = "" if name == "tidal" else f"_{name}"
         if f"churn_refused_jobs{suffix}" in flat:
             out["queue"][name] = {
@@ -261,6 +262,8 @@ def regime_wins(by_regime: dict[str, dict[str, dict[str, list[int]]]]) -> dict[s
                 continue
             mine = planners[name]
             seeds = range(len(mine["refused_jobs"]))
+            if any(len(planners[b][f]) != len(seeds) for b in BASELINES for f in mine):
+                raise ValueError(f"{regime}: {name} and the baselines were run on different seeds")
             fewer = {
                 field: [all(mine[field][i] < planners[b][field][i] for b in BASELINES) for i in seeds]
                 for field in ("refused_jobs", "refused_gpus")
@@ -271,6 +274,7 @@ def regime_wins(by_regime: dict[str, dict[str, dict[str, list[int]]]]) -> dict[s
                 "fewer_gpus": sum(fewer["refused_gpus"]),
                 "fewer_both": sum(j and g for j, g in zip(fewer["refused_jobs"], fewer["refused_gpus"], strict=True)),
             }
+            out[name][regime]["every_seed_both"] = out[name][regime]["fewer_both"] == len(seeds)
     return out
 
 

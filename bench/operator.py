@@ -283,6 +283,7 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
         }
         profile["warm_up_cpu"] = warm_cpu
         split_after, over_after = audit_pods(kube)
+        restarted_rss = peak_rss_mb(op.proc.pid)
         # The floor, in the same run and on the gang's own nodes, with no operator running.
         op.stop()
         gang_nodes = [p["spec"]["nodeName"] for p in kube.get("pods", "-n", "bench", "-l", f"{JOB}=big-gang")["items"]]
@@ -317,7 +318,7 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
             "warm_up_seconds": round(warm_up_s, 2),
             "warmup_s": round(warm_up_s, 2),
             "warm_up_health_port_seconds": round(health_s, 2),
-            "restarted_operator_rss_mb": round(peak_rss_mb(op.proc.pid), 1),
+            "restarted_operator_rss_mb": round(restarted_rss, 1),
             "hbd_split_groups_after_restart": split_after,
             "overbooked_gpus_after_restart": over_after,
             "client_limits": "kube-scheduler qps 500/burst 1000; kube-controller-manager qps 200/burst 400; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
@@ -67,6 +68,12 @@ def assert_gangs_sound(kube: Kube) -> None:
         if (p["metadata"]["namespace"], p["metadata"]["ownerReferences"][0]["uid"]) not in jobs
     ]
     assert not orphans, f"orphaned pods: {orphans}"
+
+
+def test_the_operator_logs_its_packing_at_start(running_operator: OperatorProcess):
+    # README (--packing): which trade-off a cluster runs is in the log, not only in its args.
+    settings = [json.loads(line) for line in running_operator.logs().splitlines() if "operator settings" in line]
+    assert settings and all(entry["packing"] == "keep-whole" for entry in settings)
 
 
 def test_supernodes_discovered_with_live_status(kube: Kube, running_operator: OperatorProcess):

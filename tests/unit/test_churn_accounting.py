@@ -3,6 +3,7 @@ total, and only those that arrived after the warm-up cut."""
 
 from __future__ import annotations
 
+import pytest
 from bench.churn import run_churn
 
 from tidal.placement.workload_mix import TRAINING_MIX
@@ -59,7 +60,16 @@ def test_regime_wins_count_seeds_where_tidal_refused_fewer_than_both_baselines()
         "best_fit": {"refused_jobs": [6, 6, 6], "refused_gpus": [60, 60, 60]},
         "constrained_first_fit": {"refused_jobs": [7, 5, 9], "refused_gpus": [55, 80, 90]},
     }
+    figures["tidal_fill"] = {"refused_jobs": [1, 1, 1], "refused_gpus": [1, 1, 1]}
     wins = regime_wins({"queue": figures})
     # seed 1: fewer than both on both counts; seed 2: a tie on jobs with CFF and more GPUs than
-    # best-fit; seed 3: fewer GPUs only.
-    assert wins == {"tidal": {"queue": {"seeds": 3, "fewer_jobs": 1, "fewer_gpus": 2, "fewer_both": 1}}}
+    # best-fit; seed 3: fewer GPUs only. tidal_fill: fewer everywhere.
+    assert wins["tidal"] == {
+        "queue": {"seeds": 3, "fewer_jobs": 1, "fewer_gpus": 2, "fewer_both": 1, "every_seed_both": False}
+    }
+    assert wins["tidal_fill"] == {
+        "queue": {"seeds": 3, "fewer_jobs": 3, "fewer_gpus": 3, "fewer_both": 3, "every_seed_both": True}
+    }
+    figures["best_fit"]["refused_gpus"].pop()
+    with pytest.raises(ValueError, match="different seeds"):
+        regime_wins({"queue": figures})

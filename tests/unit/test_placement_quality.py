@@ -11,6 +11,8 @@ re-applies these mutants on every run.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tidal.placement import (
@@ -377,8 +379,7 @@ def test_fill_packing_takes_the_tighter_rack_whatever_its_residents():
     snap.add_residents(["nvl72-0001"], 6)
     request = GangRequest("g", groups=1, group_gpus=8, gpus_per_pod=4)
     assert plan_gang(snap, request).supernodes == {"nvl72-0001"}
-    assert plan_gang(snap, request, packing=Packing.KEEP_WHOLE).supernodes == {"nvl72-0001"}
-    assert plan_gang(snap, request, packing=Packing.FILL).supernodes == {"nvl72-0000"}
+    assert plan_gang(snap, replace(request, packing=Packing.FILL)).supernodes == {"nvl72-0000"}
 
 
 def test_fill_packing_gives_an_empty_domain_no_worth_beyond_its_group_sizes():
@@ -391,7 +392,7 @@ def test_fill_packing_gives_an_empty_domain_no_worth_beyond_its_group_sizes():
     demand.observe("nvidia.com/gpu", 20)
     request = GangRequest("tiny", groups=1, group_gpus=4, gpus_per_pod=4)
     assert plan_gang(snap, request, demand).supernodes == {"nvl72-0000"}
-    assert plan_gang(snap, request, demand, Packing.FILL).supernodes == {"nvl72-0001"}
+    assert plan_gang(snap, replace(request, packing=Packing.FILL), demand).supernodes == {"nvl72-0001"}
 
 
 def test_a_supernode_taken_again_by_a_later_step_is_not_charged_its_joining_cost_twice():

@@ -246,10 +246,17 @@ MUTANTS = [
         QUALITY + "test_fill_packing_gives_an_empty_domain_no_worth_beyond_its_group_sizes",
     ),
     Mutant(
-        "admission places with the operator's --packing",
-        ADMISSION,
-        "plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)",
-        "plan_gang(cyc.snapshot, request, cyc.demand)",
+        "an InferencePool's requests carry the operator's --packing",
+        REGROW,
+        "        packing=cyc.packing,\n",
+        "",
+        REBALANCE + "test_a_pool_grows_with_the_operators_packing[fill]",
+    ),
+    Mutant(
+        "a TrainingJob's requests carry the operator's --packing",
+        TRAINING,
+        "        packing=cyc.packing,\n",
+        "",
         "tests/unit/test_watch_cache.py::test_admission_places_with_the_operators_packing[fill]",
     ),
     Mutant(

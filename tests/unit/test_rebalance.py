@@ -615,6 +615,26 @@ def test_packing_is_an_operator_flag():
         build_parser().parse_args(["run", "--packing", "tightest"])
 
 
+@pytest.mark.parametrize("packing", ["keep-whole", "fill"])
+def test_a_pool_grows_with_the_operators_packing(monkeypatch, packing):
+    # The pool's replicas go where plan_capacity puts them (free GPUs first): the request it is
+    # given carries the operator's --packing, as a TrainingJob's do (k8s/training.job_request).
+    from tidal.placement import Packing
+    from tidal.rebalance import capacity
+
+    seen = []
+
+    def recording(snapshot, request, demand=None):
+        seen.append(request.packing)
+        return plan_gang(snapshot, request, demand)
+
+    monkeypatch.setattr(capacity, "plan_gang", recording)
+    cluster = day_cluster()
+    controller = Controller(cluster, FixedClock(at("12:00")), ControllerSettings(packing=Packing(packing)))
+    run(cluster, controller, cycles=1)
+    assert seen and set(seen) == {Packing(packing)}
+
+
 def test_a_restart_after_the_spike_ends_still_calls_the_eviction_off():
     # The restart seed once took the status' desired (12, of which 4 placed) as seen anew: the
     # pool asked for 8 unplaced replicas for another window and the shrink went ahead for them.

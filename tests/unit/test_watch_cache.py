@@ -375,9 +375,9 @@ def test_a_job_admitted_earlier_in_the_cycle_is_a_resident_for_the_next(monkeypa
 
     residents_seen = []
 
-    def recording(snapshot, request, demand=None, packing=Packing.KEEP_WHOLE):
+    def recording(snapshot, request, demand=None):
         residents_seen.append(sum(snapshot.residents.values()))
-        return plan_gang(snapshot, request, demand, packing)
+        return plan_gang(snapshot, request, demand)
 
     monkeypatch.setattr(admission, "plan_gang", recording)
     cluster = FakeCluster("nvl72", 2)
@@ -392,9 +392,9 @@ def test_admission_places_with_the_cycles_demand(monkeypatch):
 
     seen = []
 
-    def recording(snapshot, request, demand=None, packing=Packing.KEEP_WHOLE):
+    def recording(snapshot, request, demand=None):
         seen.append(demand)
-        return plan_gang(snapshot, request, demand, packing)
+        return plan_gang(snapshot, request, demand)
 
     monkeypatch.setattr(admission, "plan_gang", recording)
     cluster = FakeCluster("nvl72", 2)
@@ -409,9 +409,9 @@ def test_admission_places_with_the_operators_packing(monkeypatch, packing):
 
     seen = []
 
-    def recording(snapshot, request, demand=None, packing=Packing.KEEP_WHOLE):
-        seen.append(packing)
-        return plan_gang(snapshot, request, demand, packing)
+    def recording(snapshot, request, demand=None):
+        seen.append(request.packing)
+        return plan_gang(snapshot, request, demand)
 
     monkeypatch.setattr(admission, "plan_gang", recording)
     cluster = FakeCluster("nvl72", 2)

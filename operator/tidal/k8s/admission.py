@@ -324,7 +324,7 @@ def _try_admit(
             shape = GangShape.of(view.spec, dp)
             started = time.perf_counter()
             request = job_request(cyc, view, shape, recovery=recovery, prefer_supernodes=recover_on)
-            plan = plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)
+            plan = plan_gang(cyc.snapshot, request, cyc.demand)
             cyc.placements_ms.append((time.perf_counter() - started) * 1000)
             if isinstance(plan, PlacementPlan):
                 too_large = _too_large(cyc, view, status, shape, plan)

@@ -171,7 +171,7 @@ class Cycle:
     """Group sizes placement keeps leftovers for: queued TrainingJobs' and recent arrivals'
     (`admission.placement_demand`)."""
     packing: Packing = Packing.KEEP_WHOLE
-    """The operator's --packing, passed to every plan_gang that places new work."""
+    """The operator's --packing, stamped on every request the cycle builds (GangRequest.packing)."""
     domains_deleted_before: frozenset[tuple[str, str]] = frozenset()
     """(namespace, name) of ComputeDomains whose delete the previous cycle's write saw succeed (or
     404): a job drops such a name from status.staleComputeDomains; any other stale name is deleted

@@ -208,7 +208,10 @@ def _request(cyc: Cycle, view: ResourceView, replicas: int) -> GangRequest:
     spec = view.spec
     shape = GangShape(spec.get("tp", 1), spec.get("ep", 1), 1, replicas, spec["gpusPerPod"])
     return shape.request(
-        view.ref, accelerator=spec.get("accelerator", "nvidia.com/gpu"), priority=cyc.priorities.of(view)
+        view.ref,
+        accelerator=spec.get("accelerator", "nvidia.com/gpu"),
+        priority=cyc.priorities.of(view),
+        packing=cyc.packing,
     )
 
 
@@ -313,7 +316,7 @@ def expand_elastic(
                 continue  # a smaller grow-back stalls the job as long and may still pay
             request = _growth_request(cyc, view, status, shape, bigger)
             with cyc.tolerating(view.spec.get("template")):
-                plan = plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)
+                plan = plan_gang(cyc.snapshot, request, cyc.demand)
                 if isinstance(plan, PlacementPlan):
                     apply_plan(cyc.snapshot, plan)
                     cyc.snapshot.add_residents(plan.supernodes - request.resident_on)

@@ -40,6 +40,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
     settings = controller_settings(args)
+    import structlog
+
+    structlog.get_logger("tidal").info(
+        "operator settings",
+        packing=settings.packing.value,
+        disruption_budget_gpus_per_hour=settings.rebalance.disruption_budget_gpus_per_hour,
+        admission_timeout_seconds=settings.admission_timeout_seconds,
+    )
     controller = Controller(api, clock, settings)
     if args.metrics_port:
         from tidal.metrics import Metrics
@@ -200,9 +208,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--packing",
         choices=[p.value for p in Packing],
         default=Packing.KEEP_WHOLE.value,
-        help="keep-whole (default): keep racks whole for domain-sized groups, for clusters whose jobs "
-        "queue; fill: fill partly used supernodes first, for users who resubmit rather than queue "
-        '(README "Placement": what each refuses)',
+        help="how placement values what a group leaves free. keep-whole (default): racks kept whole for "
+        "whole-rack groups (fewest refused jobs where jobs queue, as TrainingJobs do); fill: by the queued "
+        "and recent group sizes alone (fewest refused GPUs with a queue; fewest jobs and GPUs on average "
+        "where users delete and resubmit what does not start). README: 'With and without a queue'",
     )
     parser.add_argument(
         "--state-namespace",

@@ -71,6 +71,7 @@ def job_request(
         group_ids=group_ids,
         prefer_supernodes=prefer_supernodes,
         resident_on=resident_on,
+        packing=cyc.packing,
     )
 
 
@@ -725,7 +726,7 @@ def _replace_groups(
         resident_on={g["supernode"] for g in placement.values() if g["group"] not in groups},
     )
     with cyc.tolerating(view.spec.get("template")), cyc.avoiding(avoid):
-        plan = plan_gang(cyc.snapshot, request, cyc.demand, cyc.packing)
+        plan = plan_gang(cyc.snapshot, request, cyc.demand)
         if isinstance(plan, PlacementPlan):
             apply_plan(cyc.snapshot, plan)
             cyc.snapshot.add_residents(plan.supernodes - request.resident_on)

@@ -47,14 +47,10 @@ BLOCKS_SCORED = 16
 
 
 def plan_gang(
-    snapshot: ClusterSnapshot,
-    request: GangRequest,
-    demand: GroupDemand | None = None,
-    packing: Packing = Packing.KEEP_WHOLE,
+    snapshot: ClusterSnapshot, request: GangRequest, demand: GroupDemand | None = None
 ) -> PlacementPlan | Unplaceable:
     """A full plan for the gang, or the reason it cannot be placed now (or ever). Never mutates.
-    `packing` is the operator's --packing (callers: k8s admission, training and rebalancing pass
-    the cycle's; recovery, preemption, defragmentation and the simulator keep the default)."""
+    Leftovers are valued as `request.packing` says (the operator's --packing)."""
     gpp, per_group = request.gpus_per_pod, request.pods_per_group
     if request.accelerator not in snapshot.accelerators():
         return Unplaceable(
@@ -95,7 +91,7 @@ def plan_gang(
     for tier in (others, spares):
         if remaining:
             used_blocks = {snapshot.supernodes[name].block or "" for name in chosen}
-            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes, used_blocks, packing):
+            for name, take in _choose_supernodes(snapshot, request, tier, remaining, sizes, used_blocks):
                 chosen[name] = chosen.get(name, 0) + take
                 remaining -= take
     return PlacementPlan(request, tuple(_assign_nodes(snapshot, request, chosen, set(first))))
@@ -156,7 +152,6 @@ def _choose_supernodes(
     wanted: int,
     sizes: dict[int, float],
     used_blocks: frozenset[str] | set[str] = frozenset(),
-    packing: Packing = Packing.KEEP_WHOLE,
 ) -> list[tuple[str, int]]:
     """(supernode, groups) pairs for `wanted` groups: fewest blocks, then least leftover lost.
 
@@ -165,7 +160,7 @@ def _choose_supernodes(
     """
     if not capacity:
         return []  # e.g. recovery with room only on spares: the next tier supplies it
-    scorer = _LeftoverScorer(request.group_gpus, sizes, request.resident_on, packing)
+    scorer = _LeftoverScorer(request.group_gpus, sizes, request.resident_on, request.packing)
     chosen: list[tuple[str, int]] = []
     in_used = {n: c for n, c in capacity.items() if (snapshot.supernodes[n].block or "") in used_blocks}
     if in_used:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidal.placement.types import GangRequest
+from tidal.placement.types import GangRequest, Packing
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class GangShape:
         group_ids: Sequence[int] | None = None,
         prefer_supernodes: Sequence[str] = (),
         resident_on: Iterable[str] = (),
+        packing: Packing = Packing.KEEP_WHOLE,
     ) -> GangRequest:
         """Every group of the gang, or only `group_ids` (groups re-placed or added), as one request."""
         return GangRequest(
@@ -99,4 +100,5 @@ class GangShape:
             prefer_supernodes=tuple(prefer_supernodes),
             resident_on=frozenset(resident_on),
             group_ids=None if group_ids is None else tuple(group_ids),
+            packing=packing,
         )

@@ -8,6 +8,22 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+class Packing(StrEnum):
+    """Which refusals a full cluster trades for which (operator flag --packing; README "Placement").
+
+    No one rule refuses fewer jobs and fewer GPUs than best-fit in every regime (`bench.churn`
+    regimes): keeping racks whole for domain-sized groups pays where jobs queue and costs small
+    jobs where an arrival that does not fit is refused at once.
+    """
+
+    KEEP_WHOLE = "keep-whole"
+    """Joining a partly used supernode with few residents costs (`gang.resident_cost`), so racks
+    come back whole for domain-sized groups: for clusters whose jobs queue (TrainingJobs do)."""
+    FILL = "fill"
+    """Leftover for the demanded group sizes alone (no whole-domain worth, no resident cost): for
+    clusters whose users resubmit rather than queue (fewer refused jobs there, more large ones)."""
+
+
 @dataclass(frozen=True)
 class GangRequest:
     """`groups` units of `group_gpus` GPUs; each unit must sit inside one supernode.
@@ -31,6 +47,10 @@ class GangRequest:
     since it is a resident there already (`gang.resident_cost`)."""
     group_ids: tuple[int, ...] | None = None
     """The caller's ids of the groups, e.g. the broken groups being re-placed; default 0..groups-1."""
+    packing: Packing = Packing.KEEP_WHOLE
+    """How placement values leftovers: the operator's --packing, stamped on every request it
+    builds (k8s/training.job_request, k8s/rebalancing._request), so every planner that places
+    the request (plan_gang, preemption, defragmentation, plan_capacity) follows it."""
 
     def __post_init__(self) -> None:
         if self.groups < 1 or self.group_gpus < 1 or self.gpus_per_pod < 1:
@@ -81,22 +101,6 @@ class PlacementPlan:
     @property
     def supernodes(self) -> set[str]:
         return {g.supernode for g in self.groups}
-
-
-class Packing(StrEnum):
-    """Which refusals a full cluster trades for which (operator flag --packing; README "Placement").
-
-    No one rule refuses fewer jobs and fewer GPUs than best-fit in every regime (`bench.churn`
-    regimes): keeping racks whole for domain-sized groups pays where jobs queue and costs small
-    jobs where an arrival that does not fit is refused at once.
-    """
-
-    KEEP_WHOLE = "keep-whole"
-    """Joining a partly used supernode with few residents costs (`gang.resident_cost`), so racks
-    come back whole for domain-sized groups: for clusters whose jobs queue (TrainingJobs do)."""
-    FILL = "fill"
-    """Leftover for the demanded group sizes alone (no whole-domain worth, no resident cost): for
-    clusters whose users resubmit rather than queue (fewer refused jobs there, more large ones)."""
 
 
 class UnplaceableReason(StrEnum):
