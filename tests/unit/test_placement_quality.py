@@ -352,14 +352,19 @@ def test_the_loss_reported_pays_each_supernodes_joining_cost_once():
     assert lost == pytest.approx(expected)
 
 
+def racks_with_residents(*racks: tuple[int, int]) -> ClusterSnapshot:
+    """NVL72 racks, each (nodes used, resident workloads)."""
+    snap = snapshot_from_fleet(build_fleet("nvl72", len(racks)))
+    for rack, (used, residents) in enumerate(racks):
+        use(snap, f"nvl72-{rack:04d}", used)
+        snap.add_residents([f"nvl72-{rack:04d}"], residents)
+    return snap
+
+
 def test_a_workload_pays_no_joining_cost_where_it_already_is():
     # Growth of a job that holds rack 0 (its only resident): rack 0 costs nothing to join for it,
     # while for anyone else rack 1 (six residents) is cheaper.
-    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
-    use(snap, "nvl72-0000", 9)
-    use(snap, "nvl72-0001", 9)
-    snap.add_residents(["nvl72-0000"])
-    snap.add_residents(["nvl72-0001"], 6)
+    snap = racks_with_residents((9, 1), (9, 6))
     other = plan_gang(snap, GangRequest("other", groups=1, group_gpus=8, gpus_per_pod=4))
     assert other.supernodes == {"nvl72-0001"}
     growth = plan_gang(
@@ -372,11 +377,7 @@ def test_fill_packing_takes_the_tighter_rack_whatever_its_residents():
     # Rack 0 (one resident) is tighter than rack 1 (six residents). keep-whole sends the group to
     # the busy rack so that rack 0 can come back whole soon; fill (the operator's --packing fill,
     # for users who resubmit rather than queue) has no resident cost: the tighter rack.
-    snap = snapshot_from_fleet(build_fleet("nvl72", 2))
-    use(snap, "nvl72-0000", 10)
-    use(snap, "nvl72-0001", 9)
-    snap.add_residents(["nvl72-0000"])
-    snap.add_residents(["nvl72-0001"], 6)
+    snap = racks_with_residents((10, 1), (9, 6))
     request = GangRequest("g", groups=1, group_gpus=8, gpus_per_pod=4)
     assert plan_gang(snap, request).supernodes == {"nvl72-0001"}
     assert plan_gang(snap, replace(request, packing=Packing.FILL)).supernodes == {"nvl72-0000"}

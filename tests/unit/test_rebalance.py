@@ -615,6 +615,18 @@ def test_packing_is_an_operator_flag():
         build_parser().parse_args(["run", "--packing", "tightest"])
 
 
+def record_packing(monkeypatch: pytest.MonkeyPatch, module: object) -> list:
+    """The packing of every request `module`'s plan_gang is asked to place, in order."""
+    seen = []
+
+    def recording(snapshot, request, demand=None):
+        seen.append(request.packing)
+        return plan_gang(snapshot, request, demand)
+
+    monkeypatch.setattr(module, "plan_gang", recording)
+    return seen
+
+
 @pytest.mark.parametrize("packing", ["keep-whole", "fill"])
 def test_a_pool_grows_with_the_operators_packing(monkeypatch, packing):
     # The pool's replicas go where plan_capacity puts them (free GPUs first): the request it is
@@ -622,13 +634,7 @@ def test_a_pool_grows_with_the_operators_packing(monkeypatch, packing):
     from tidal.placement import Packing
     from tidal.rebalance import capacity
 
-    seen = []
-
-    def recording(snapshot, request, demand=None):
-        seen.append(request.packing)
-        return plan_gang(snapshot, request, demand)
-
-    monkeypatch.setattr(capacity, "plan_gang", recording)
+    seen = record_packing(monkeypatch, capacity)
     cluster = day_cluster()
     controller = Controller(cluster, FixedClock(at("12:00")), ControllerSettings(packing=Packing(packing)))
     run(cluster, controller, cycles=1)

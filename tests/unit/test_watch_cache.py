@@ -21,7 +21,7 @@ from tidal.placement.leftover import QUEUE_WEIGHT, ArrivalHistory
 from tidal.topology import build_fleet, snapshot_from_fleet
 
 from .fake_cluster import FakeCluster
-from .test_rebalance import TEMPLATE, run
+from .test_rebalance import TEMPLATE, record_packing, run
 
 NOW = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
 
@@ -407,13 +407,7 @@ def test_admission_places_with_the_cycles_demand(monkeypatch):
 def test_admission_places_with_the_operators_packing(monkeypatch, packing):
     from tidal.k8s import admission
 
-    seen = []
-
-    def recording(snapshot, request, demand=None):
-        seen.append(request.packing)
-        return plan_gang(snapshot, request, demand)
-
-    monkeypatch.setattr(admission, "plan_gang", recording)
+    seen = record_packing(monkeypatch, admission)
     cluster = FakeCluster("nvl72", 2)
     job(cluster, "a", 1)
     run(cluster, Controller(cluster, FixedClock(NOW), ControllerSettings(packing=packing)), cycles=1)
