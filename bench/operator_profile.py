@@ -80,23 +80,36 @@ class Watch:
         # loads): resume from the last resourceVersion seen, and count it (`resumed`).
         try:
             while not self._stopped:
-                for event in self._watch.stream(
-                    self.list_fn,
-                    **self.kwargs,
-                    resource_version=self.resource_version,
-                    timeout_seconds=3600,
-                    deserialize=False,
-                ):
-                    self.record(event, time.monotonic())
-                    version = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
-                    if version:
-                        self.resource_version = version
+                try:
+                    for event in self._watch.stream(
+                        self.list_fn,
+                        **self.kwargs,
+                        resource_version=self.resource_version,
+                        timeout_seconds=3600,
+                        deserialize=False,
+                    ):
+                        self.record(event, time.monotonic())
+                        version = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+                        if version:
+                            self.resource_version = version
+                except KeyError:
+                    # An ERROR event (410: the resourceVersion expired) in raw mode: the client reads
+                    # event["raw_object"], which raw events lack. List again, seeing every object
+                    # as of now, and watch on from the listing.
+                    self.relist()
                 if not self._stopped:
                     self.resumed += 1
         except BaseException as exc:  # reported by wait(); a stopped watch ends here too
             self.error = exc
         with self.changed:
             self.changed.notify_all()
+
+    def relist(self) -> None:
+        listing = json.loads(self.list_fn(**self.kwargs, _preload_content=False).data)
+        now = time.monotonic()
+        for item in listing.get("items") or []:
+            self.record({"type": "MODIFIED", "object": item}, now)
+        self.resource_version = listing["metadata"]["resourceVersion"]
 
     def record(self, event: dict[str, Any], now: float) -> None:
         obj = event.get("object") or {}

@@ -67,6 +67,29 @@ def test_watch_marks_each_stage_when_first_seen_and_waits_on_the_latest():
     assert jobs.wait(phase_is(["j"], "Admitted"), 1, "j") > 0
 
 
+def test_a_watch_whose_resource_version_expired_lists_again_and_goes_on():
+    # kubernetes' client raises KeyError on a raw-mode ERROR event (410 Gone); the bench's watch
+    # once ended there, and the wait on it failed a 200-second run.
+    listing = {"metadata": {"resourceVersion": "42"}, "items": [pod("p0", gated=False)]}
+    reply = type("Reply", (), {"data": json.dumps(listing).encode()})()
+    pods = Watch(lambda **_: reply, pod_stages)
+    calls = []
+
+    def stream(list_fn, **kwargs):
+        calls.append(kwargs["resource_version"])
+        if len(calls) == 1:
+            raise KeyError("raw_object")
+        pods._stopped = True
+        yield {"type": "MODIFIED", "object": pod("p0", gated=False, node="n1")}
+
+    pods._watch = type("FakeWatch", (), {"stream": staticmethod(stream), "stop": lambda self: None})()
+    pods.resource_version = "1"
+    pods._run()
+    assert calls == ["1", "42"], "the second watch starts from the new listing"
+    assert pods.error is None and pods.resumed == 1
+    assert set(pods.first["p0"]) == {"created", "ungated", "bound"}
+
+
 def test_gang_timeline_and_its_critical_path():
     t0 = 100.0
     job = {"Pending": 100.2, "Admitted": 101.0, "Running": 106.0}
