@@ -268,13 +268,14 @@ def regime_wins(by_regime: dict[str, dict[str, dict[str, list[int]]]]) -> dict[s
                 field: [all(mine[field][i] < planners[b][field][i] for b in BASELINES) for i in seeds]
                 for field in ("refused_jobs", "refused_gpus")
             }
+            both = sum(j and g for j, g in zip(fewer["refused_jobs"], fewer["refused_gpus"], strict=True))
             out.setdefault(name, {})[regime] = {
                 "seeds": len(seeds),
                 "fewer_jobs": sum(fewer["refused_jobs"]),
                 "fewer_gpus": sum(fewer["refused_gpus"]),
-                "fewer_both": sum(j and g for j, g in zip(fewer["refused_jobs"], fewer["refused_gpus"], strict=True)),
+                "fewer_both": both,
+                "every_seed_both": both == len(seeds),
             }
-            out[name][regime]["every_seed_both"] = out[name][regime]["fewer_both"] == len(seeds)
     return out
 
 

@@ -55,7 +55,7 @@ def pod_writes(kube: Kube) -> Counter[str]:
 
 
 def writes_between(before: Counter[str], after: Counter[str]) -> dict[str, int]:
-    return {key: after[key] - before.get(key, 0) for key in sorted(after) if after[key] - before.get(key, 0)}
+    return {key: grown for key in sorted(after) if (grown := after[key] - before.get(key, 0))}
 
 
 SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "ownerReferences")

@@ -12,6 +12,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
+
 from tidal.clock import FileClock, SystemClock
 from tidal.logging import configure as configure_logging
 from tidal.model.inference_pool import LOAD_SOURCE_NAME
@@ -40,8 +42,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
     settings = controller_settings(args)
-    import structlog
-
     structlog.get_logger("tidal").info(
         "operator settings",
         packing=settings.packing.value,
@@ -103,8 +103,6 @@ def rebalance_settings(args: argparse.Namespace) -> RebalanceSettings:
 
 def _peering_ready(api: object, args: argparse.Namespace) -> bool:
     """kopf idles silently while its peering object is missing: create it, or stop loudly."""
-    import structlog
-
     from tidal.k8s.peering import PeeringUnavailable, ensure_peering
 
     log = structlog.get_logger("tidal.peering")
