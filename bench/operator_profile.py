@@ -301,8 +301,8 @@ def wall_time(line: dict[str, Any]) -> float:
 
 
 def cycles(lines: list[dict[str, Any]], wall0: float) -> list[dict[str, Any]]:
-    """The operator's "cycle done" lines (first cycle, and each that admitted or made pod calls),
-    each ending `ended` seconds after `wall0`."""
+    """The operator's "cycle done" lines (first cycle, and each that admitted or made pod calls:
+    bench.operator runs it with --cycle-log-seconds 0), each ending `ended` seconds after `wall0`."""
     out = []
     for line in lines:
         if line.get("event") != "cycle done":

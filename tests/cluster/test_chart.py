@@ -113,6 +113,10 @@ def test_helm_lint_and_template(kube: Kube):
     assert bad.returncode != 0 and "growBackCooldownSeconds" in bad.stderr
     bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.packing=tightest", check=False)
     assert bad.returncode != 0 and "packing" in bad.stderr
+    # The "cycle done" summary's cadence: the operator's default unless set; never negative.
+    assert "--cycle-log-seconds=30" in args
+    bad = helm(kube, "template", RELEASE, str(CHART), "--set", "operator.cycleLogSeconds=-1", check=False)
+    assert bad.returncode != 0 and "cycleLogSeconds" in bad.stderr
 
 
 def sa_kubeconfig(kube: Kube, path: Path) -> Path:

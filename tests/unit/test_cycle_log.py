@@ -1,12 +1,15 @@
-"""The controller's "cycle done" INFO line: the first cycle and each that admitted or made pod
-calls, never an idle one (bench.operator splits a gang's seconds with it)."""
+"""The controller's "cycle done" INFO line (k8s/cycle_log.py): the first cycle at once, then the
+cycles that admitted or made pod calls, summed, at most every --cycle-log-seconds (0: a line for
+each, as bench.operator splits a gang's seconds with them); never an idle one."""
 
 import datetime as dt
 
+import pytest
 import structlog
 
 from tidal.clock import FixedClock
-from tidal.k8s.controller import Controller
+from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.cycle_log import CycleLog
 
 from .fake_cluster import FakeCluster
 from .test_rebalance import TEMPLATE
@@ -19,9 +22,10 @@ def cycle_lines(controller: Controller, cluster: FakeCluster) -> list[dict]:
     return [e for e in logs if e["event"] == "cycle done"]
 
 
-def test_cycle_done_is_logged_for_the_first_cycle_and_for_cycles_that_act():
+def test_with_no_period_cycle_done_is_logged_for_the_first_cycle_and_each_cycle_that_acts():
     cluster = FakeCluster("nvl72", 1)
-    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    settings = ControllerSettings(cycle_log_seconds=0)
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)), settings)
     (first,) = cycle_lines(controller, cluster)
     assert first["first"] is True and first["admitted"] == 0 and first["log_level"] == "info"
     assert cycle_lines(controller, cluster) == [], "an idle cycle logs nothing"
@@ -32,6 +36,23 @@ def test_cycle_done_is_logged_for_the_first_cycle_and_for_cycles_that_act():
     assert admitting["seconds"] >= admitting["decide_seconds"] + admitting["supernodes_seconds"]
     (gates,) = cycle_lines(controller, cluster)
     assert gates["admitted"] == 0 and gates["ungates"] == 4
+
+
+def test_by_default_the_cycles_that_acted_are_summed_into_one_line_every_30_seconds():
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    clock = Clock()
+    controller.cycle_log.monotonic = clock
+    (first,) = cycle_lines(controller, cluster)
+    assert first["first"] is True
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
+    clock.now += 1
+    assert cycle_lines(controller, cluster) == [], "the admission comes within 30 s of the last line"
+    clock.now += 1
+    assert cycle_lines(controller, cluster) == [], "so do the gates lifted"
+    clock.now += 30
+    (summary,) = cycle_lines(controller, cluster)
+    assert (summary["cycles"], summary["admitted"], summary["pod_creates"], summary["ungates"]) == (2, 1, 4, 4)
 
 
 class BatchRecorder(FakeCluster):
@@ -69,3 +90,67 @@ def test_supernode_statuses_of_one_cycle_are_written_as_one_parallel_batch():
     (batch,) = supernode_batches()
     assert len(batch) >= 2, "(at least) the two racks the job took, together"
     assert sum(cluster.status("Supernode", None, n)["gpus"]["allocated"] for n in batch) == 128
+
+
+ACTED = {"admitted": 1, "statuses": 2, "pod_creates": 8, "ungates": 0, "pod_deletes": 0}
+QUIET = {"admitted": 0, "statuses": 1, "pod_creates": 0, "ungates": 0, "pod_deletes": 0}
+SECONDS = {"seconds": 0.5, "decide_seconds": 0.25, "write_seconds": 0.25, "supernodes_seconds": 0.0}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines(log: CycleLog, clock: Clock, cycles: list[tuple[float, dict, bool]]) -> list[dict]:
+    out = []
+    with structlog.testing.capture_logs() as captured:
+        for at, counts, first in cycles:
+            clock.now = at
+            log.record(first, counts, SECONDS, nodes=72, pods=10)
+        out = [c for c in captured if c["event"] == "cycle done"]
+    return out
+
+
+def test_cycles_that_acted_are_summed_into_one_line_at_most_every_period():
+    clock = Clock()
+    log = CycleLog(30.0, monotonic=clock)
+    got = lines(
+        log,
+        clock,
+        [(100, QUIET, True), (101, ACTED, False), (110, ACTED, False), (120, QUIET, False), (131, QUIET, False)],
+    )
+    assert [(c["first"], c["cycles"], c["admitted"], c["pod_creates"]) for c in got] == [
+        (True, 1, 0, 0),  # the first cycle at once
+        (False, 2, 2, 16),  # the two that acted, summed, once 30 s had passed
+    ]
+    assert got[1]["seconds"] == 1.0 and got[1]["statuses"] == 4
+
+
+def test_quiet_cycles_log_nothing_however_long_the_wait():
+    clock = Clock()
+    log = CycleLog(30.0, monotonic=clock)
+    got = lines(log, clock, [(100, QUIET, True), (200, QUIET, False), (400, QUIET, False)])
+    assert [c["first"] for c in got] == [True]
+
+
+def test_with_no_period_each_cycle_that_acted_has_its_line():
+    clock = Clock()
+    log = CycleLog(0.0, monotonic=clock)
+    got = lines(log, clock, [(100, QUIET, True), (100.5, ACTED, False), (100.5, QUIET, False), (101, ACTED, False)])
+    assert [(c["cycles"], c["admitted"]) for c in got] == [(1, 0), (1, 1), (1, 1)]
+
+
+def test_the_period_is_an_operator_flag_that_reaches_the_controller():
+    from tidal.cli import build_parser
+    from tidal.k8s.runner import controller_settings
+
+    default = controller_settings(build_parser().parse_args(["run"]))
+    assert default.cycle_log_seconds == ControllerSettings().cycle_log_seconds == 30.0
+    every = controller_settings(build_parser().parse_args(["run", "--cycle-log-seconds", "0"]))
+    assert Controller(api=None, settings=every).cycle_log.every_seconds == 0.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--cycle-log-seconds", "-1"])

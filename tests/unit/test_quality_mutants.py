@@ -41,6 +41,7 @@ OUTAGE = "k8s/outage.py"
 MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
 CYCLE = "k8s/cycle.py"
+CYCLE_LOG = "k8s/cycle_log.py"
 WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
@@ -111,6 +112,8 @@ SAFETY = {
         CHECKS + "test_pods_of_a_not_ready_node_are_not_force_deleted_and_their_group_waits_for_the_fence",
         CHECKS + "test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete",
     ),
+    # A quiet cluster still logs no cycle summaries.
+    CYCLE_LOG: ("tests/unit/test_cycle_log.py::test_quiet_cycles_log_nothing_however_long_the_wait",),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
     # Failed deletes are still reported and the write order kept.
     WRITE: ("tests/unit/test_write.py::test_failed_deletes_are_reported_and_succeeded_domain_deletes_remembered",),
@@ -1177,6 +1180,13 @@ MUTANTS = [
         "api.delete_pod(d.namespace, d.name, d.grace_seconds, d.uid)",
         "api.delete_pod(d.namespace, d.name, d.grace_seconds)",
         "tests/unit/test_write.py::test_a_pod_delete_goes_out_with_its_grace_and_the_uid_the_cycle_saw",
+    ),
+    Mutant(
+        "the cycle summary is logged at most every --cycle-log-seconds",
+        CYCLE_LOG,
+        "        due = self._last_line is None or now - self._last_line >= self.every_seconds\n",
+        "        due = True\n",
+        "tests/unit/test_cycle_log.py::test_cycles_that_acted_are_summed_into_one_line_at_most_every_period",
     ),
 ]
 

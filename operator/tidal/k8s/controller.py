@@ -22,6 +22,7 @@ from tidal.k8s.api import Api
 from tidal.k8s.cache import Membership
 from tidal.k8s.compute_domains import ComputeDomainSupport, domain_supernodes
 from tidal.k8s.cycle import Cycle, Hold, log
+from tidal.k8s.cycle_log import CycleLog
 from tidal.k8s.deletions import DeletionNudger
 from tidal.k8s.disruption_ledger import LedgerStore
 from tidal.k8s.outage import NotReadyTracker, down_for_repair
@@ -81,6 +82,10 @@ class ControllerSettings:
     before its groups are placed again (k8s/outage.py)."""
     packing: Packing = Packing.KEEP_WHOLE
     """Operator flag --packing: which refusals a full cluster trades for which (placement.types.Packing)."""
+    cycle_log_seconds: float = 30.0
+    """Operator flag --cycle-log-seconds: the "cycle done" summary at most this often, summing the
+    cycles since the last one (0: one line per cycle that admitted or made pod calls). Every
+    decision has its own "event" line whatever this is."""
     state_name: str = "tidal-disruptions"
     """The ledger ConfigMap's name: the peering name + "-disruptions" (one per release)."""
 
@@ -128,6 +133,7 @@ class Controller:
         """When the kopf indices may next be checked against a fresh LIST (0: at once)."""
         self.failures = 0
         """Cycles failed in a row (reset by one that finishes)."""
+        self.cycle_log = CycleLog(self.settings.cycle_log_seconds)
         self._stuck_logged = 0.0
         self.listeners: list[Any] = []
         self.cache = WatchCache(self.settings.supernode_label)
@@ -243,28 +249,27 @@ class Controller:
             self.lock.release()
 
     def _log_cycle(self, report: CycleReport) -> None:
-        """The first cycle, and each that admitted or made pod calls, at INFO: a gang's admission,
-        pod creation and gate lifting can be told apart in time (bench.operator reads them), while
-        an idle or settled cluster logs nothing."""
+        """The "cycle done" summary (k8s/cycle_log.py): the first cycle at once, then the cycles
+        that admitted or made pod calls, at most every --cycle-log-seconds."""
         cyc = report.cycle
         if cyc is None:
             return
         plan = cyc.plan
-        admitted = cyc.counters.get("admitted", 0)
-        if self.cycles and not admitted and not plan.pod_actions:
-            return
-        log.info(
-            "cycle done",
+        self.cycle_log.record(
             first=not self.cycles,
-            seconds=round(report.seconds, 3),
-            decide_seconds=round(report.decide_seconds, 3),
-            write_seconds=round(report.write_seconds, 3),
-            supernodes_seconds=round(report.supernodes_seconds, 3),
-            admitted=admitted,
-            statuses=len(plan.statuses),
-            pod_creates=len(plan.pod_creates),
-            ungates=len(plan.ungates),
-            pod_deletes=len(plan.pod_deletes),
+            counts={
+                "admitted": cyc.counters.get("admitted", 0),
+                "statuses": len(plan.statuses),
+                "pod_creates": len(plan.pod_creates),
+                "ungates": len(plan.ungates),
+                "pod_deletes": len(plan.pod_deletes),
+            },
+            seconds={
+                "seconds": report.seconds,
+                "decide_seconds": report.decide_seconds,
+                "write_seconds": report.write_seconds,
+                "supernodes_seconds": report.supernodes_seconds,
+            },
             nodes=len(self.cache.nodes),
             pods=len(self.cache.pods),
         )

@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     structlog.get_logger("tidal").info(
         "operator settings",
         packing=settings.packing.value,
+        cycle_log_seconds=settings.cycle_log_seconds,
         disruption_budget_gpus_per_hour=settings.rebalance.disruption_budget_gpus_per_hour,
         admission_timeout_seconds=settings.admission_timeout_seconds,
     )
@@ -86,6 +87,7 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         state_namespace=args.state_namespace,
         not_ready_grace_seconds=args.not_ready_grace,
         packing=Packing(args.packing),
+        cycle_log_seconds=args.cycle_log_seconds,
         state_name=args.peering_name + CONFIGMAP_SUFFIX,
     )
 
@@ -210,6 +212,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "whole-rack groups (fewest refused jobs where jobs queue, as TrainingJobs do); fill: by the queued "
         "and recent group sizes alone (fewest refused GPUs with a queue; fewest jobs and GPUs on average "
         "where users delete and resubmit what does not start). README: 'With and without a queue'",
+    )
+    parser.add_argument(
+        "--cycle-log-seconds",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help='the "cycle done" INFO summary at most this often, summing the cycles since the last '
+        "(default 30; 0: a line for each cycle that admitted or made pod calls). Every decision "
+        'has its own "event" line',
     )
     parser.add_argument(
         "--state-namespace",
