@@ -868,6 +868,13 @@ MUTANTS = [
         + "test_a_live_shrink_costs_the_survivors_rebuild_and_a_restart_shrink_the_whole_jobs_save_and_reload",
     ),
     Mutant(
+        "tidal's grow-back cooldown runs from the shrink's decision",
+        SIM_POLICIES,
+        "                self.shrunk_at[job.id] = sim.now\n",
+        "                self.shrunk_at[job.id] = sim.now + 60  # as if stamped at the save, minutes on\n",
+        TIDE + "test_tidals_grow_back_cooldown_runs_from_the_shrinks_decision_like_the_flap_count",
+    ),
+    Mutant(
         "a flap counts from the eviction's decision",
         ENGINE,
         "        if job.down_decided_at is not None and self.now - job.down_decided_at < FLAP_WINDOW_S:",

@@ -129,6 +129,23 @@ def test_a_flap_is_counted_from_the_evictions_decision(back_after, real):
     assert sim.totals.flaps == 1, "the old count, from the save, called both a flap"
 
 
+def test_tidals_grow_back_cooldown_runs_from_the_shrinks_decision_like_the_flap_count():
+    """The cooldown and the flap window start at the same instant, the decision: a grow-back an
+    hour after it is neither early nor a flap, though the save ended minutes later."""
+    sim = hand_sim(Costs(), supernodes=1)
+    policy = Tidal(budget_share=None)
+    assert policy.grow_cooldown_s == policies.GROW_COOLDOWN_S == FLAP_WINDOW_S
+    sim.policy = policy
+    job = started(sim, JobShape(8, 1, 1, 9, 4, 1), min_dp=1)  # all 72 GPUs, Restart
+    until(sim, 1000)
+    policy.make_room(sim, sim.pools["m-large"], 1)  # one replica of the job, decided at 1000
+    until(sim, 1000 + FLAP_WINDOW_S - 1)
+    assert job.state == "running" and job.dp == 8 and job.down_at > 1000, "saved, then shrunk, after the decision"
+    assert job not in policy.grow_candidates(sim)
+    until(sim, 1000 + FLAP_WINDOW_S)
+    assert job in policy.grow_candidates(sim)
+
+
 def test_an_inference_replica_added_and_removed_within_the_hour_is_a_flap():
     sim = hand_sim(Costs())
     pool = sim.pools["m-large"]
@@ -429,7 +446,24 @@ class FutureGuard(Workload):
         return super().window_mean(pool, t)
 
 
-@pytest.mark.parametrize("name", ["autoscale-preempt", "tidal", "tidal-burst", "tidal-whole"])
+AUTOSCALED = [
+    "autoscale-preempt",
+    "autoscale-preempt-graceful",
+    "tidal",
+    "tidal-reactive",
+    "tidal-burst",
+    "tidal-whole",
+    "tidal-no-restart-shrink",
+    "tidal-reactive-no-restart-shrink",
+]
+
+
+def test_the_guard_below_covers_every_autoscaled_policy():
+    autoscaled = {name for name, cls in policies.POLICIES.items() if issubclass(cls, policies.Autoscaled)}
+    assert autoscaled == set(AUTOSCALED)
+
+
+@pytest.mark.parametrize("name", AUTOSCALED)
 def test_no_policy_reads_the_present_or_the_future(name):
     built = build_workload(cluster_gpus=1440, nodes=360, days=2, seed=4)
     workload = FutureGuard(**{f.name: getattr(built, f.name) for f in dataclasses.fields(Workload) if f.init})
@@ -448,7 +482,7 @@ def test_no_policy_reads_the_present_or_the_future(name):
         setattr(policy, method, guarded)
     totals = sim.run()
     assert totals.useful_work > 0
-    assert name == "autoscale-preempt" or policy.forecasts, "the forecast was asked (from day 1 on)"
+    assert not policy.forecasting or policy.forecasts, "the forecast was asked (from day 1 on)"
 
 
 # -- training preemption (Scenario.training_preemption) ------------------------------------------

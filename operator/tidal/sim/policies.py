@@ -47,6 +47,7 @@ from tidal.placement import (
     split_groups,
 )
 from tidal.rebalance import DemandTracker, plan_capacity
+from tidal.rebalance.resize_cost import ResizeKind
 from tidal.sim.engine import FLAP_WINDOW_S, SYNC_S, Job, Pool, Simulation
 from tidal.sim.workload import WINDOW
 
@@ -623,7 +624,7 @@ class Tidal(CheckpointFirst):
             sim.totals.budget_limited += 1
             self.stuck.add(pool.name)
             return
-        plan = plan_capacity(sim.snapshot, pool.request(need), sim.running_gangs(), budget, sim.costs)
+        plan = plan_capacity(sim.snapshot, pool.request(need), self.victims_of(sim.running_gangs()), budget, sim.costs)
         if "budget" in plan.reason:
             sim.totals.budget_limited += 1
         if not plan.evictions:
@@ -742,6 +743,25 @@ class TidalWhole(Tidal):
     whole_starts_only = True
 
 
+class TidalNoRestartShrink(Tidal):
+    """An ablation: tidal that never shrinks a Restart job; it suspends it whole, checkpoint
+    first, for pools and queued training alike (Live jobs still shrink). Not an operator setting
+    as such: a job without spec.elastic is never shrunk, but it also never starts smaller."""
+
+    name = "tidal-no-restart-shrink"
+
+    def victims_of(self, gangs: list[RunningGang]) -> list[RunningGang]:
+        return [g if g.resize == ResizeKind.LIVE else replace(g, min_replicas=None) for g in gangs]
+
+
+class TidalReactiveNoRestartShrink(TidalNoRestartShrink):
+    """An ablation: tidal-reactive and tidal-no-restart-shrink at once (no forecast, no Restart
+    job shrunk)."""
+
+    name = "tidal-reactive-no-restart-shrink"
+    forecasting = False
+
+
 POLICIES: dict[str, type[Policy]] = {
     p.name: p
     for p in (
@@ -754,6 +774,8 @@ POLICIES: dict[str, type[Policy]] = {
         TidalReactive,
         TidalBurst,
         TidalWhole,
+        TidalNoRestartShrink,
+        TidalReactiveNoRestartShrink,
     )
 }
 DEFAULT_POLICIES = ("autoscale-preempt", "static-split", "topology-only", "first-fit", "tidal")
