@@ -71,6 +71,17 @@ def test_a_live_shrink_stays_the_cheapest_way():
     assert evictions(plan) == [("big", False)]
 
 
+def test_of_two_elastic_jobs_alike_the_live_one_is_shrunk_whatever_the_first_search_found():
+    """Same priority, same size, one Restart and one Live: whichever the GPU search takes first,
+    the plan that spares Restart jobs shrinks the Live one, and its rebuild is the cheaper way."""
+    for restart_name, live_name in (("a-restart", "z-live"), ("z-restart", "a-live")):
+        snap = racks(4)
+        restart = replace(place(snap, restart_name, 2, priority=0, min_replicas=1), resize="Restart")
+        live = replace(place(snap, live_name, 2, priority=0, min_replicas=1), resize="Live")
+        plan = plan_capacity(snap, GangRequest("pool", 1, 16, 4, priority=1000), [restart, live], None, COSTS)
+        assert evictions(plan) == [(live_name, False)]
+
+
 def test_a_cheaper_plan_never_suspends_a_higher_priority_than_the_first_one():
     """A (priority 0) shrinks by one of two replicas and B (priority 5) by three of four: suspending
     A whole is not enough, and suspending B whole would be cheaper, but B outranks A."""

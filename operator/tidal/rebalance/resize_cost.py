@@ -21,8 +21,11 @@ Defaults and their sources (the simulator's `Costs` extends this class, so both 
 - restart_s 180: rescheduling, container start, NCCL init and compilation before the load
   (Huawei MindCluster's T1+T2+T4; MegaScale, NSDI '24).
 - rebuild_s 30: a Live membership change re-creates the data-parallel communicators
-  (torchft's ProcessGroup.configure blocks until the new NCCL communicator exists; NCCL's init at
-  thousands of ranks takes seconds to tens of seconds). An assumption at the upper end.
+  (torchft's ProcessGroup.configure blocks until the new NCCL communicator exists). Public
+  figures bracket it: 5-6 s per NCCL communicator init on 16 machines (NVIDIA/nccl issue 534),
+  2.5 minutes for the default init of every communicator above a few thousand GPUs (NVIDIA/nccl
+  issue 1156, reported by a PyTorch engineer). A Live change rebuilds only the data-parallel
+  ones, so 30 s sits between: an assumption, not a measurement of torchft.
 - peer_bytes_s_per_gpu 40e9: a joining replica's GPU fetches its shard of the state from the
   same-rank GPU of a survivor over the scale-out network: one 400 Gb/s NIC per GPU (DGX H100,
   GB200 NVL72 compute trays) at 80% of line rate.

@@ -15,12 +15,13 @@ admission order (priority, then recoveries, then arrival; backfill allowed) and 
 - tidal: inference sized by demand and by the diurnal profile learned from the previous days
   (scaling ahead of the ramp by the time making room takes: a checkpoint write, a decision period
   and a cold start), capacity taken with tidal.rebalance.plan_capacity (free GPUs, elastic shrink,
-  then suspension, lowest priority first, the cheapest way in GPU-seconds of no progress by
-  `resize_cost`) within a disruption budget, checkpoint first unless a job resizes Live; shrunk
-  jobs grow back (partially if need be) in priority order with admission, after a cooldown, only
-  into GPUs the forecast does not need and only when the added replicas' work before the
-  forecast wants the GPUs back outweighs the grow-back's cost.
-  `tidal-reactive` is the same without forecasting (an ablation).
+  then suspension, lowest priority first; when that plan shrinks a Restart job, the plan sparing
+  Restart jobs if it stalls fewer GPU-seconds by `resize_cost`) within a disruption budget,
+  checkpoint first unless a job resizes Live; shrunk jobs grow back (partially if need be) in
+  priority order with admission, after a cooldown, only into GPUs the forecast does not need and
+  only when the added replicas' work before the forecast wants the GPUs back outweighs the
+  grow-back's cost. Ablations: `tidal-reactive` (no forecast), `tidal-no-restart-shrink`
+  (Restart jobs suspended whole, never shrunk) and both at once.
 
 Every policy sees inference demand only as an autoscaler does: `Simulation.observed`, the last
 minute's mean, at each one-minute sync; what it adds serves after the cold start.

@@ -29,7 +29,7 @@ class Scenario:
     """Hot-spare nodes per supernode (used only to re-place failed groups)."""
     costs: Costs = field(default_factory=Costs)
     live_share: float = 0.0
-    """Share of elastic jobs that resize Live (spec.elastic.resize, proposed: not yet in the CRD); the rest Restart."""
+    """Share of elastic jobs that resize Live (the TrainingJob's spec.elastic.resize); the rest Restart."""
     window_offset_days: int = 0
     """Start the traces this many days in (another week of ServeGen and Helios)."""
     bursts: bool = True

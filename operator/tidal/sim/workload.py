@@ -128,7 +128,7 @@ class TrainingArrival:
     min_dp: int | None
     accelerator: str = "nvidia.com/gpu"
     live_resize: bool = False
-    """How it resizes (spec.elastic.resize, proposed; not yet in the CRD): Live (True) or Restart."""
+    """How it resizes (the TrainingJob's spec.elastic.resize): Live (True) or Restart."""
 
 
 @dataclass(frozen=True)
