@@ -18,8 +18,11 @@ operator_cpu_ms_per_pod and api_writes_per_pod (the API server's own count of po
 every client, during the gang's start; its breakdown in api_writes).
 
 Then the warm-up: the operator is SIGKILLed, a small job is submitted, a fresh operator process is
-started, and warm_up_seconds is the time from starting it to that job's admission (a new replica
-first waits out the dead one's peering record, 15 s, then lists the cluster and builds its view).
+started, and warm_up_seconds is the time from starting it to that job's admission. By default the
+fresh process is the container restarted in its pod (kopf's identity, POD_ID = the pod's name, is
+kept: its own dead record is no peer to wait for); with --restart pod it is a new pod, which first
+waits out the dead pod's peering record (15 s less its age), then lists the cluster and builds its
+view.
 
 The profile (bench/operator_profile.py; tables on stderr, `profile` in the JSON): watches opened
 before the submit time each gang pod's creation, gate removal, binding and Running and each job's
@@ -158,7 +161,9 @@ def audit_pods(kube: Kube) -> tuple[int, int]:
     return split, over
 
 
-def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: str | None = None) -> dict[str, object]:
+def run(
+    nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: str | None = None, restart: str = "container"
+) -> dict[str, object]:
     if gang_pods % 64:
         raise ValueError("--gang-pods must be a multiple of 64 (tp=8, ep=8, pp=4 at 4 GPUs a pod)")
     supernodes = -(-nodes // NODES_PER_RACK)
@@ -184,7 +189,8 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
         "0",  # a "cycle done" line for each cycle that acts: the profile times the gang's phases by them
         # INFO for the profile's log lines (cycles, startup gate, peering); kopf's per-timer
         # lines it also brings are ~60 a second at 1,008 nodes, a fraction of a percent of a core.
-        env={"TIDAL_LOG_LEVEL": "INFO"},
+        # POD_ID is kopf's peering identity, the pod's name in the chart: see the warm-up below.
+        env={"TIDAL_LOG_LEVEL": "INFO", "POD_ID": "tidal-bench-0"},
     )
     client = load_client(str(kubeconfig), pool_size=4)
     core, custom = k8s.CoreV1Api(client), k8s.CustomObjectsApi(client)
@@ -258,8 +264,12 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
             collapsed = spy.out.read_text() if spy.out.exists() else ""
             profile["py_spy"] = {**top_functions(collapsed), "file": str(spy.out), "stderr": spy_out[-300:]}
 
-        # Warm-up: a fresh process after a SIGKILL, to the first admission it makes.
+        # Warm-up: a fresh process after a SIGKILL, to the first admission it makes: the
+        # container restarted in its pod (same identity: its own record is no peer to wait for),
+        # or with --restart pod a new pod (new identity: it waits out the dead pod's record).
         op.kill()
+        if restart == "pod":
+            op.env["POD_ID"] = "tidal-bench-1"
         kube.run("apply", "-f", "-", input=yaml.safe_dump_all([job_manifest("after-restart", 8, 1, 1, 2, 4)]))
         expires = peer_deadline(custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "tidal"))
         meter = CpuMeter({**components, "operator": []})
@@ -325,6 +335,7 @@ def run(nodes: int, gang_pods: int, jobs: int, seed: int, keep: bool, py_spy: st
             "operator_peak_rss_mb": round(rss, 1),
             "hbd_split_groups": split,
             "overbooked_gpus": over,
+            "warm_up_restart": restart,
             "warm_up_seconds": round(warm_up_s, 2),
             "warmup_s": round(warm_up_s, 2),
             "warm_up_health_port_seconds": round(health_s, 2),
@@ -367,8 +378,15 @@ def main() -> None:
         default=None,
         help="py-spy binary: sample the operator during the gang (top functions in the profile)",
     )
+    parser.add_argument(
+        "--restart",
+        choices=["container", "pod"],
+        default="container",
+        help="the warm-up's restart: the operator's container in its pod (default; kopf's identity, the "
+        "pod's name, is kept) or a new pod (a new identity: it waits out the dead pod's peering record)",
+    )
     args = parser.parse_args()
-    result = run(args.nodes, args.gang_pods, args.jobs, args.seed, args.keep, args.py_spy)
+    result = run(args.nodes, args.gang_pods, args.jobs, args.seed, args.keep, args.py_spy, args.restart)
     # The tables go to stderr, so that --json's stdout stays one JSON document.
     print(render(result["profile"]), file=sys.stderr)  # type: ignore[arg-type]
     if args.json:

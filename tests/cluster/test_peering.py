@@ -62,6 +62,59 @@ def test_missing_peering_object_is_created_not_waited_for(kube: Kube, namespace:
         kube.delete("clusterkopfpeering", name)
 
 
+def test_a_restarted_container_takes_its_own_record_back_and_a_new_pod_waits_out_the_dead_one(
+    kube: Kube, running_operator: OperatorProcess, namespace: str, tmp_path: Path
+):
+    """kopf's identity is POD_ID (the chart sets it to the pod's name). A container restarted in
+    its pod (the old process is gone: a pod runs one) finds its own record and acts at once; a
+    new pod (another name) waits until the dead pod's record expires, as the old one may still
+    run. This operator serves only its namespace, under a peering of its own; the session operator
+    (which made the Supernodes) is stopped, so the job is this one's."""
+    running_operator.kill()
+    name = "tidal-restarts-here"
+    kube.delete("clusterkopfpeering", name)
+    args = ("--namespace", namespace, "--peering-name", name)
+    first = OperatorProcess(kube.kubeconfig, tmp_path / "first", *args, env={"POD_ID": "tidal-7d4f-abcde"})
+    (tmp_path / "first").mkdir()
+    first.start()
+    try:
+        eventually(
+            lambda: "tidal-7d4f-abcde" in (kube.get("clusterkopfpeering", name).get("status") or {}),
+            timeout=60,
+            what="the replica's keep-alive under its pod's name",
+        )
+        first.kill()  # no goodbye: its record stays
+        first.start()  # the same pod's container, restarted
+        submit(kube, namespace, job("restarted", tp=4, ep=1, pp=1, dp=1))
+        wait_phase(kube, namespace, "restarted", "Running")
+        restarted = first.log_path.read_text()
+        assert '"name": "restarted"' in restarted, "admitted by the restarted container"
+        assert "Possibly conflicting operators" not in restarted and "Pausing operations" not in restarted, (
+            "a restarted container waited for its own record"
+        )
+        first.kill()
+
+        other = OperatorProcess(kube.kubeconfig, tmp_path / "other", *args, env={"POD_ID": "tidal-7d4f-fghij"})
+        (tmp_path / "other").mkdir()
+        other.start()
+        try:
+            eventually(  # same priority: kopf pauses with a warning until the record expires
+                lambda: "same priority: [<Peer tidal-7d4f-abcde" in other.logs(),
+                timeout=30,
+                what="a new pod to wait for the dead pod's record",
+            )
+            eventually(
+                lambda: "Resuming operations after the pause" in other.logs(),
+                timeout=60,
+                what="the dead pod's record to expire",
+            )
+        finally:
+            other.kill()
+    finally:
+        first.kill()
+        kube.delete("clusterkopfpeering", name)
+
+
 def test_peering_that_cannot_be_created_stops_the_operator_with_the_reason(kube: Kube, namespace: str, tmp_path: Path):
     """An identity that may not create the peering object gets a non-zero exit naming the object
     and the ways out, instead of an operator that idles forever."""
