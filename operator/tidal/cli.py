@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
             "first-fit",
             "tidal",
             "tidal-reactive",
+            "tidal-no-restart-shrink",
+            "tidal-reactive-no-restart-shrink",
             "tidal-burst",
             "tidal-whole",
         ],
