@@ -78,9 +78,10 @@ def test_helm_lint_and_template(kube: Kube):
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]
     assert f"--state-namespace={NAMESPACE}" in container["args"], "the disruption ledger is in the release's namespace"
-    # kopf's peering identity is the pod's name: a restarted container takes its own record back.
+    # The operator's peering identity comes from POD_NAME, only in the container's own process
+    # (runner.peering_id): POD_ID set here would be inherited by a `kubectl exec`'d second operator.
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
-    assert env["POD_ID"] == "metadata.name"
+    assert env["POD_NAME"] == "metadata.name" and "POD_ID" not in env
     rule = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PrometheusRule")
     promtool_tested = yaml.safe_load((CHART / "files" / "tidal-alerts.yaml").read_text())
     assert rule["spec"] == promtool_tested, "the PrometheusRule carries the promtool-tested rules"

@@ -3,6 +3,7 @@ other takes over."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -65,11 +66,12 @@ def test_missing_peering_object_is_created_not_waited_for(kube: Kube, namespace:
 def test_a_restarted_container_takes_its_own_record_back_and_a_new_pod_waits_out_the_dead_one(
     kube: Kube, running_operator: OperatorProcess, namespace: str, tmp_path: Path
 ):
-    """kopf's identity is POD_ID (the chart sets it to the pod's name). A container restarted in
-    its pod (the old process is gone: a pod runs one) finds its own record and acts at once; a
-    new pod (another name) waits until the dead pod's record expires, as the old one may still
-    run. This operator serves only its namespace, under a peering of its own; the session operator
-    (which made the Supernodes) is stopped, so the job is this one's."""
+    """kopf's identity is POD_ID: the operator sets it to the pod's name in the container's own
+    process (runner.peering_id; set by hand here, as these processes are no container's PID 1). A
+    container restarted in its pod (the old process is gone) finds its own record and acts at
+    once; a new pod of the same priority (another name) waits until the dead pod's record expires,
+    as the old one may still run. This operator serves only its namespace, under a peering of its
+    own; the session operator (which made the Supernodes) is stopped, so the jobs are this one's."""
     running_operator.kill()
     name = "tidal-restarts-here"
     kube.delete("clusterkopfpeering", name)
@@ -84,6 +86,7 @@ def test_a_restarted_container_takes_its_own_record_back_and_a_new_pod_waits_out
             what="the replica's keep-alive under its pod's name",
         )
         first.kill()  # no goodbye: its record stays
+        assert record_age_s(kube, name, "tidal-7d4f-abcde") < 8, "alive for the restart to find (lifetime 15 s)"
         first.start()  # the same pod's container, restarted
         submit(kube, namespace, job("restarted", tp=4, ep=1, pp=1, dp=1))
         wait_phase(kube, namespace, "restarted", "Running")
@@ -93,6 +96,7 @@ def test_a_restarted_container_takes_its_own_record_back_and_a_new_pod_waits_out
             "a restarted container waited for its own record"
         )
         first.kill()
+        assert record_age_s(kube, name, "tidal-7d4f-abcde") < 8, "alive for the new pod to find"
 
         other = OperatorProcess(kube.kubeconfig, tmp_path / "other", *args, env={"POD_ID": "tidal-7d4f-fghij"})
         (tmp_path / "other").mkdir()
@@ -104,15 +108,24 @@ def test_a_restarted_container_takes_its_own_record_back_and_a_new_pod_waits_out
                 what="a new pod to wait for the dead pod's record",
             )
             eventually(
-                lambda: "Resuming operations after the pause" in other.logs(),
+                lambda: "Resuming operations after the pause" in other.logs().split("same priority: [<Peer")[-1],
                 timeout=60,
                 what="the dead pod's record to expire",
             )
+            submit(kube, namespace, job("new-pod", tp=4, ep=1, pp=1, dp=1))
+            wait_phase(kube, namespace, "new-pod", "Running")
+            assert '"name": "new-pod"' in other.logs(), "admitted by the new pod once it resumed"
         finally:
             other.kill()
     finally:
         first.kill()
         kube.delete("clusterkopfpeering", name)
+
+
+def record_age_s(kube: Kube, peering: str, identity: str) -> float:
+    """Seconds since the identity's keep-alive was last written (kopf's lastseen)."""
+    lastseen = kube.get("clusterkopfpeering", peering)["status"][identity]["lastseen"]
+    return (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(lastseen)).total_seconds()
 
 
 def test_peering_that_cannot_be_created_stops_the_operator_with_the_reason(kube: Kube, namespace: str, tmp_path: Path):

@@ -55,6 +55,26 @@ def test_by_default_the_cycles_that_acted_are_summed_into_one_line_every_30_seco
     assert (summary["cycles"], summary["admitted"], summary["pod_creates"], summary["ungates"]) == (2, 1, 4, 4)
 
 
+def test_a_failed_cycle_logs_the_summary_pending_before_its_error(monkeypatch):
+    cluster = FakeCluster("nvl72", 1)
+    controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
+    controller.cycle_log.monotonic = Clock()  # time stands still: nothing is due after the first
+    cycle_lines(controller, cluster)
+    cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
+    assert cycle_lines(controller, cluster) == [], "the admission is pending"
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(controller, "_cycle", broken)
+    controller._last_start = 0.0
+    with structlog.testing.capture_logs() as logs:
+        assert controller.cycle(cluster.state()) is None
+    events = [e["event"] for e in logs if e["event"] in ("cycle done", "cycle failed")]
+    assert events == ["cycle done", "cycle failed"]
+    assert next(e for e in logs if e["event"] == "cycle done")["admitted"] == 1
+
+
 class BatchRecorder(FakeCluster):
     """Records the items of each api.parallel call."""
 
@@ -128,6 +148,17 @@ def test_cycles_that_acted_are_summed_into_one_line_at_most_every_period():
         (False, 2, 2, 16),  # the two that acted, summed, once 30 s had passed
     ]
     assert got[1]["seconds"] == 1.0 and got[1]["statuses"] == 4
+
+
+def test_a_flush_logs_what_is_pending_before_it_is_due_and_nothing_twice():
+    """Before a failed cycle's error and at shutdown the summed cycles are logged, not lost."""
+    clock = Clock()
+    log = CycleLog(30.0, monotonic=clock)
+    lines(log, clock, [(100, QUIET, True), (101, ACTED, False)])
+    with structlog.testing.capture_logs() as captured:
+        log.flush()
+        log.flush()
+    assert [(c["cycles"], c["admitted"]) for c in captured] == [(1, 1)]
 
 
 def test_quiet_cycles_log_nothing_however_long_the_wait():

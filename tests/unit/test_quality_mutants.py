@@ -42,6 +42,7 @@ MANIFESTS = "k8s/manifests.py"
 CONTROLLER = "k8s/controller.py"
 CYCLE = "k8s/cycle.py"
 CYCLE_LOG = "k8s/cycle_log.py"
+RUNNER = "k8s/runner.py"
 WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
@@ -112,6 +113,8 @@ SAFETY = {
         CHECKS + "test_pods_of_a_not_ready_node_are_not_force_deleted_and_their_group_waits_for_the_fence",
         CHECKS + "test_the_out_of_service_taint_on_a_ready_node_does_not_force_a_delete",
     ),
+    # The container's own process still takes the pod's name.
+    RUNNER: ("tests/unit/test_peering_id.py::test_the_containers_own_process_is_the_pod",),
     # A quiet cluster still logs no cycle summaries.
     CYCLE_LOG: ("tests/unit/test_cycle_log.py::test_quiet_cycles_log_nothing_however_long_the_wait",),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
@@ -1189,9 +1192,30 @@ MUTANTS = [
         "tests/unit/test_write.py::test_a_pod_delete_goes_out_with_its_grace_and_the_uid_the_cycle_saw",
     ),
     Mutant(
+        "a gate removal sent moments ago is not sent again",
+        CYCLE,
+        "            awaited = {n for n in gated if pods[n].uid in self.ungated_uids}\n",
+        "            awaited: set[str] = set()\n",
+        "tests/unit/test_gate_ledger.py::test_a_cycle_does_not_lift_again_the_gates_it_lifted_until_the_resend_interval",
+    ),
+    Mutant(
+        "a job awaiting its gates is not settled, so they are sent again",
+        CYCLE,
+        "        return self.plan.pod_actions + self.gates_awaited\n",
+        "        return self.plan.pod_actions\n",
+        "tests/unit/test_gate_ledger.py::test_a_cycle_does_not_lift_again_the_gates_it_lifted_until_the_resend_interval",
+    ),
+    Mutant(
+        "only the container's own process takes the pod's name as its peering identity",
+        RUNNER,
+        '    if "POD_ID" in env or pid != 1:\n',
+        '    if "POD_ID" in env:\n',
+        "tests/unit/test_peering_id.py::test_any_other_process_in_the_pod_keeps_kopfs_own_id",
+    ),
+    Mutant(
         "the cycle summary is logged at most every --cycle-log-seconds",
         CYCLE_LOG,
-        "        due = self._last_line is None or now - self._last_line >= self.every_seconds\n",
+        "        due = self._last_line is None or self.monotonic() - self._last_line >= self.every_seconds\n",
         "        due = True\n",
         "tests/unit/test_cycle_log.py::test_cycles_that_acted_are_summed_into_one_line_at_most_every_period",
     ),

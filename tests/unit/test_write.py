@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tidal.k8s import labels
-from tidal.k8s.cycle import ActionPlan, PodDelete
+from tidal.k8s.cycle import ActionPlan, PodDelete, Ungate
 from tidal.k8s.state import ResourceView
 from tidal.k8s.write import apply_actions
 
@@ -86,7 +86,7 @@ def full_plan() -> ActionPlan:
     plan = ActionPlan()
     plan.pool_services.append(body("pool", (labels.POOL, "pool")))
     plan.pod_labels.append(("ns", "pool-0", {labels.ROLE: "leader"}))
-    plan.ungates.append(("ns", "old-0", [labels.GANG_GATE]))
+    plan.ungates.append(Ungate("ns", "old-0", [labels.GANG_GATE]))
     plan.pod_creates.append(body("job-0", (labels.JOB, "job")))
     plan.services.append(body("job", (labels.JOB, "job")))
     plan.domain_creates.append(body("job-cd", (labels.JOB, "job")))

@@ -25,6 +25,7 @@ from tidal.k8s.cycle import Cycle, Hold, log
 from tidal.k8s.cycle_log import CycleLog
 from tidal.k8s.deletions import DeletionNudger
 from tidal.k8s.disruption_ledger import LedgerStore
+from tidal.k8s.gate_ledger import GateLedger
 from tidal.k8s.outage import NotReadyTracker, down_for_repair
 from tidal.k8s.pools import LoadPoller, pool_allocations, pool_domain_held_nodes
 from tidal.k8s.priority import Priorities
@@ -134,6 +135,7 @@ class Controller:
         self.failures = 0
         """Cycles failed in a row (reset by one that finishes)."""
         self.cycle_log = CycleLog(self.settings.cycle_log_seconds)
+        self.gate_ledger = GateLedger()
         self._stuck_logged = 0.0
         self.listeners: list[Any] = []
         self.cache = WatchCache(self.settings.supernode_label)
@@ -230,6 +232,7 @@ class Controller:
             except Exception:
                 # Never let one bad cycle make kopf back off the timers: log it, restart from the truth.
                 self.failures += 1
+                self.cycle_log.flush()  # what the cycles before it did comes before the error
                 log.exception("cycle failed", failures_in_a_row=self.failures)
                 self._restart()
                 return None
@@ -369,6 +372,7 @@ class Controller:
         dirty_owners, dirty_nodes = cache.take_dirty()
         self._book(statuses, pools, {m.accelerator for m in members.values()})
         snapshot = self.keeper.refresh(cache, dirty_nodes)
+        ungated = self.gate_ledger.recent(pod.uid for pod in cache.pods.values() if pod.gated)
         self.deleted_uids &= cache.pod_uids  # forget pods that are gone for good
         self.forced_uids &= cache.pod_uids
         cache.forget_departed(set(statuses) | set(pools))
@@ -381,6 +385,7 @@ class Controller:
             now,
             deleted_uids=self.deleted_uids,
             forced_uids=self.forced_uids,
+            ungated_uids=ungated,
             pending_memo=self.pending_memo,
             held_before=dict(self.holds),
             holds_mark=hash(frozenset(self.holds.items())),
@@ -465,6 +470,7 @@ class Controller:
             cyc.count(key, n)
         written = time.monotonic()
         self.domains_deleted = frozenset(applied.deleted_domains)
+        self.gate_ledger.sent(applied.gates_sent)
         for delete in applied.failed_pod_deletes:
             cyc.deleted_uids.discard(delete.uid)
             cyc.forced_uids.discard(delete.uid)

@@ -47,6 +47,18 @@ class PodDelete:
     handover) is another pod, and its delete is refused (409), not carried out."""
 
 
+@dataclass(frozen=True)
+class Ungate:
+    """One pod whose gang gate to lift, as the cycle saw it."""
+
+    namespace: str
+    name: str
+    gates: list[str]
+    """Its gates as seen: sent as the patch's test, so a pod whose gates changed since is left."""
+    uid: str = ""
+    """For the ledger of removals sent (k8s/gate_ledger.py), not sent to the API server."""
+
+
 @dataclass
 class ActionPlan:
     """What one cycle decided to change in the cluster; `k8s/write.apply_actions` applies it in
@@ -69,7 +81,7 @@ class ActionPlan:
     services: list[dict[str, Any]] = field(default_factory=list)
     """Gangs' rendezvous Services (named after their job), created before the pods."""
     pod_creates: list[dict[str, Any]] = field(default_factory=list)
-    ungates: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    ungates: list[Ungate] = field(default_factory=list)
     pod_labels: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     """(namespace, pod name, labels) merged into existing pods."""
     pool_services: list[dict[str, Any]] = field(default_factory=list)
@@ -117,6 +129,11 @@ class Cycle:
     """Pods this operator deleted recently (the watch may not show it yet); kept across cycles."""
     forced_uids: set[str] = field(default_factory=set)
     """Of those, the ones deleted by force (`delete_pod`); kept across cycles."""
+    ungated_uids: frozenset[str] = frozenset()
+    """Pods whose gate removal went out moments ago, still gated in the cache: not sent again
+    (k8s/gate_ledger.py)."""
+    gates_awaited: int = 0
+    """Of those, the ones this cycle's reconciles found (counted as actions: see `actions`)."""
     plan: ActionPlan = field(default_factory=ActionPlan)
     """What this cycle decided to change, applied by k8s/write.py after the decisions."""
     placements_ms: list[float] = field(default_factory=list)
@@ -191,7 +208,7 @@ class Cycle:
         return self.plan.pod_deletes
 
     @property
-    def ungates(self) -> list[tuple[str, str, list[str]]]:
+    def ungates(self) -> list[Ungate]:
         return self.plan.ungates
 
     @property
@@ -240,6 +257,8 @@ class Cycle:
                 return
             self.forced_uids.add(pod.uid)
             self.count(LOST_PODS_DELETED)
+            # A decision with no Event of its own (the pod's group restart has one): its INFO line.
+            log.info("lost pod deleted at once", namespace=pod.namespace, pod=pod.name, node=pod.node)
             self.deleted_uids.add(pod.uid)
             self.pod_deletes.append(PodDelete(pod.namespace, pod.name, 0, pod.uid))
             return
@@ -379,9 +398,10 @@ class Cycle:
 
     @property
     def actions(self) -> int:
-        """Pod and ComputeDomain actions queued so far: a reconcile that queued none changed
-        nothing outside."""
-        return self.plan.pod_actions
+        """Pod and ComputeDomain actions queued so far, and gate removals awaited from an earlier
+        cycle: a reconcile that queued none changed nothing outside and waits for nothing (a job
+        awaiting its gates is not settled, so they are sent again if the watch never shows them)."""
+        return self.plan.pod_actions + self.gates_awaited
 
     def delete_stale_pods(self, pods: dict[str, PodView], expected: dict[str, str]) -> None:
         """Pods not in `expected` (pod name -> node), or pinned elsewhere (their group moved)."""
@@ -404,7 +424,10 @@ class Cycle:
             self.pod_creates.extend(build(missing))
         whole = not missing and all(not pods[n].terminating and pods[n].node == gang[n] for n in gang)
         if whole:
-            self.ungates.extend((namespace, n, [GANG_GATE]) for n in gang if pods[n].gated)
+            gated = [n for n in gang if pods[n].gated]
+            awaited = {n for n in gated if pods[n].uid in self.ungated_uids}
+            self.gates_awaited += len(awaited)
+            self.ungates.extend(Ungate(namespace, n, [GANG_GATE], pods[n].uid) for n in gated if n not in awaited)
         return missing
 
     def ensure_service(self, body: dict[str, Any]) -> None:

@@ -39,10 +39,17 @@ class CycleLog:
             self._pending.update({k: counts.get(k, 0) for k in SUMS})
             self._pending.update({k: seconds.get(k, 0.0) for k in SECONDS})
             self._cycles += 1
-        now = self.monotonic()
-        due = self._last_line is None or now - self._last_line >= self.every_seconds
+        due = self._last_line is None or self.monotonic() - self._last_line >= self.every_seconds
         if not self._cycles or not (first or due):
             return False
+        self.flush(first, nodes, pods)
+        return True
+
+    def flush(self, first: bool = False, nodes: int | None = None, pods: int | None = None) -> None:
+        """Log what is pending now, due or not: before a failed cycle's error and at shutdown,
+        so that the cycles summed since the last line are not lost."""
+        if not self._cycles:
+            return
         log.info(
             "cycle done",
             first=first,
@@ -54,5 +61,4 @@ class CycleLog:
         )
         self._pending.clear()
         self._cycles = 0
-        self._last_line = now
-        return True
+        self._last_line = self.monotonic()

@@ -72,6 +72,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         quiet.addFilter(_QuietFeeds())
 
 
+@kopf.on.cleanup()
+def flush_cycle_summary(memo: kopf.Memo, **_: Any) -> None:
+    """At shutdown (a rolling update, SIGTERM): the cycles summed since the last summary line."""
+    memo.controller.cycle_log.flush()
+
+
 _VIEW = "tidal_view"
 """Memo key: the view an index function made for the event being processed (kopf processes one
 object's events one at a time, index functions first, so the feed handler finds it there)."""

@@ -371,6 +371,8 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
     keep = [r for r in replicas if not broken(r)]
     if len(keep) < len(replicas):
         cyc.count("restarts", len(replicas) - len(keep))
+        lost = sorted(r["group"] for r in replicas if r not in keep)
+        cyc.event(view, "ReplicasRestarting", f"replica(s) {lost} on a lost node or with a failed pod: placed again")
     keep = _admission_timeout(cyc, view, status, keep, pods, ready)
     if len(keep) > desired:
         # Least disruptive first: replicas not serving yet, then the newest.
@@ -379,6 +381,7 @@ def reconcile_pool(cyc: Cycle, view: ResourceView, status: dict[str, Any], desir
         keep = [r for r in keep if r not in drop]
         cyc.count("moves:to-training:scale-down", len(drop))
         status["scaledAt"] = cyc.stamp
+        cyc.event(view, "ScaledDown", f"{len(drop)} replica(s) removed, {desired} wanted: {status.get('reason', '')}")
     kept_ids = {r["group"] for r in keep}
     for r in replicas:
         if r["group"] not in kept_ids:

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.standalone and not _peering_ready(api, args):
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
+    if (identity := peering_id(os.environ, os.getpid())) is not None:
+        os.environ["POD_ID"] = identity
     settings = controller_settings(args)
     structlog.get_logger("tidal").info(
         "operator settings",
@@ -141,6 +144,18 @@ def _seconds(value: str) -> float:
     if not 0 <= seconds < math.inf:
         raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds, 0 or more")
     return seconds
+
+
+def peering_id(env: Mapping[str, str], pid: int) -> str | None:
+    """kopf's peering identity (it reads POD_ID): the pod's name for the container's own process,
+    so that the container restarted in its pod (a crash, an OOM kill: the old process is gone)
+    finds its own record and acts at once instead of waiting for it to expire. Only PID 1 (the
+    image's exec-form entrypoint) gets it: a second `tidal run` exec'd into the pod shares the
+    pod's environment, and with the same identity neither would see the other. None: kopf's own
+    id, unique per process (and a POD_ID already set is kopf's to read)."""
+    if "POD_ID" in env or pid != 1:
+        return None
+    return env.get("POD_NAME") or None
 
 
 def peering_priority(value: str) -> int:

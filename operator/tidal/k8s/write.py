@@ -51,6 +51,8 @@ class Applied:
     bench.faults found it)."""
     deleted_domains: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of ComputeDomains whose delete succeeded (or found them gone)."""
+    gates_sent: list[str] = field(default_factory=list)
+    """uids of the pods whose gate removal the API server took (k8s/gate_ledger.py)."""
     counters: dict[str, int] = field(default_factory=dict)
     """What the writes did, for the cycle's counters (services:created, services:updated...)."""
 
@@ -136,9 +138,13 @@ def apply_actions(
     # (at 50 jobs admitted at once, a 1,024-GPU gang's gates waited behind 488 other pods' creates:
     # bench.operator). Gates are only lifted for gangs none of whose pods is made this cycle.
     if plan.ungates:
-        api.parallel(
-            guarded(lambda u: api.remove_gate(u[0], u[1], labels.GANG_GATE, u[2]), "remove_gate"), plan.ungates
+        lifted = api.parallel(
+            guarded(
+                _succeeds(lambda u: api.remove_gate(u.namespace, u.name, labels.GANG_GATE, u.gates)), "remove_gate"
+            ),
+            plan.ungates,
         )
+        applied.gates_sent = [u.uid for u, ok in zip(plan.ungates, lifted, strict=True) if ok and u.uid]
     creates = plan.pod_creates
     if withheld:
         creates = [p for p in creates if _owner_of(p) not in withheld]
