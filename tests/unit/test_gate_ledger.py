@@ -59,4 +59,4 @@ def test_a_cycle_does_not_lift_again_the_gates_it_lifted_until_the_resend_interv
     clock.now += RESEND_SECONDS
     controller._last_start = 0.0
     controller.cycle(cluster.state())
-    assert sorted(ungated(cluster)) == ["job-0", "job-1", "job-2", "job-3"], "still gated 10 s on: sent again"
+    assert sorted(ungated(cluster)) == ["job-0", "job-1", "job-2", "job-3"], "still gated after the interval"
