@@ -12,6 +12,7 @@ from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.cycle_log import CycleLog
 
 from .fake_cluster import FakeCluster
+from .manual_clock import ManualClock
 from .test_rebalance import TEMPLATE
 
 
@@ -41,7 +42,7 @@ def test_with_no_period_cycle_done_is_logged_for_the_first_cycle_and_each_cycle_
 def test_by_default_the_cycles_that_acted_are_summed_into_one_line_every_30_seconds():
     cluster = FakeCluster("nvl72", 1)
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
-    clock = Clock()
+    clock = ManualClock(100.0)
     controller.cycle_log.monotonic = clock
     (first,) = cycle_lines(controller, cluster)
     assert first["first"] is True
@@ -58,7 +59,7 @@ def test_by_default_the_cycles_that_acted_are_summed_into_one_line_every_30_seco
 def test_a_failed_cycle_logs_the_summary_pending_before_its_error(monkeypatch):
     cluster = FakeCluster("nvl72", 1)
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
-    controller.cycle_log.monotonic = Clock()  # time stands still: nothing is due after the first
+    controller.cycle_log.monotonic = ManualClock(100.0)  # time stands still: nothing is due after the first
     cycle_lines(controller, cluster)
     cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
     assert cycle_lines(controller, cluster) == [], "the admission is pending"
@@ -117,15 +118,7 @@ QUIET = {"admitted": 0, "statuses": 1, "pod_creates": 0, "ungates": 0, "pod_dele
 SECONDS = {"seconds": 0.5, "decide_seconds": 0.25, "write_seconds": 0.25, "supernodes_seconds": 0.0}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def lines(log: CycleLog, clock: Clock, cycles: list[tuple[float, dict, bool]]) -> list[dict]:
+def lines(log: CycleLog, clock: ManualClock, cycles: list[tuple[float, dict, bool]]) -> list[dict]:
     out = []
     with structlog.testing.capture_logs() as captured:
         for at, counts, first in cycles:
@@ -136,7 +129,7 @@ def lines(log: CycleLog, clock: Clock, cycles: list[tuple[float, dict, bool]]) -
 
 
 def test_cycles_that_acted_are_summed_into_one_line_at_most_every_period():
-    clock = Clock()
+    clock = ManualClock(100.0)
     log = CycleLog(30.0, monotonic=clock)
     got = lines(
         log,
@@ -152,7 +145,7 @@ def test_cycles_that_acted_are_summed_into_one_line_at_most_every_period():
 
 def test_a_flush_logs_what_is_pending_before_it_is_due_and_nothing_twice():
     """Before a failed cycle's error and at shutdown the summed cycles are logged, not lost."""
-    clock = Clock()
+    clock = ManualClock(100.0)
     log = CycleLog(30.0, monotonic=clock)
     lines(log, clock, [(100, QUIET, True), (101, ACTED, False)])
     with structlog.testing.capture_logs() as captured:
@@ -162,14 +155,14 @@ def test_a_flush_logs_what_is_pending_before_it_is_due_and_nothing_twice():
 
 
 def test_quiet_cycles_log_nothing_however_long_the_wait():
-    clock = Clock()
+    clock = ManualClock(100.0)
     log = CycleLog(30.0, monotonic=clock)
     got = lines(log, clock, [(100, QUIET, True), (200, QUIET, False), (400, QUIET, False)])
     assert [c["first"] for c in got] == [True]
 
 
 def test_with_no_period_each_cycle_that_acted_has_its_line():
-    clock = Clock()
+    clock = ManualClock(100.0)
     log = CycleLog(0.0, monotonic=clock)
     got = lines(log, clock, [(100, QUIET, True), (100.5, ACTED, False), (100.5, QUIET, False), (101, ACTED, False)])
     assert [(c["cycles"], c["admitted"]) for c in got] == [(1, 0), (1, 1), (1, 1)]

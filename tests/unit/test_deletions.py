@@ -13,6 +13,7 @@ from tidal.k8s.deletions import FINALIZER, NUDGE_ANNOTATION, DeletionNudger
 from tidal.k8s.state import ResourceView
 
 from .fake_cluster import FakeCluster
+from .manual_clock import ManualClock
 from .test_rebalance import TEMPLATE
 
 
@@ -33,16 +34,8 @@ def view(name: str, deleting: bool = True, finalizers: tuple[str, ...] = (FINALI
     )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_held_deleted_object_is_nudged_after_the_interval_then_at_doubling_intervals_up_to_the_cap():
-    clock = Clock()
+    clock = ManualClock()
     nudger = DeletionNudger(after=10, cap=40, clock=clock)
     held, live, foreign = view("held"), view("live", deleting=False), view("foreign", finalizers=("other/f",))
     nudged = []
@@ -55,7 +48,7 @@ def test_a_held_deleted_object_is_nudged_after_the_interval_then_at_doubling_int
 
 
 def test_a_round_takes_the_longest_waiting_first_and_at_most_its_share():
-    clock = Clock()
+    clock = ManualClock()
     nudger = DeletionNudger(after=10, per_round=2, clock=clock)
     nudger.due([view("a")])
     clock.now = 5.0
@@ -68,7 +61,7 @@ def test_a_round_takes_the_longest_waiting_first_and_at_most_its_share():
 
 
 def test_an_object_gone_or_released_is_forgotten_and_starts_over_if_seen_again():
-    clock = Clock()
+    clock = ManualClock()
     nudger = DeletionNudger(after=10, clock=clock)
     held = view("held")
     nudger.due([held])
@@ -103,7 +96,7 @@ def test_the_controller_nudges_held_deleted_jobs_and_supernodes_and_survives_a_r
             cluster.get(kind, ns, name), deleting=True, finalizers=(FINALIZER,)
         )
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
-    clock = Clock()
+    clock = ManualClock()
     controller.nudger = DeletionNudger(after=10, clock=clock)
     controller.cycle(cluster.state())
     controller.nudger.wait()

@@ -9,19 +9,12 @@ from tidal.k8s.controller import Controller
 from tidal.k8s.gate_ledger import RESEND_SECONDS, GateLedger
 
 from .fake_cluster import FakeCluster
+from .manual_clock import ManualClock
 from .test_rebalance import TEMPLATE
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_sent_removal_is_recent_while_the_pod_stays_gated_and_not_after_the_resend_interval():
-    clock = Clock()
+    clock = ManualClock(100.0)
     ledger = GateLedger(monotonic=clock)
     ledger.sent(["a", "b", "c"])
     clock.now += 1
@@ -44,7 +37,7 @@ def ungated(cluster: LaggingWatch) -> list[str]:
 def test_a_cycle_does_not_lift_again_the_gates_it_lifted_until_the_resend_interval():
     cluster = LaggingWatch("nvl72", 1)
     controller = Controller(cluster, FixedClock(dt.datetime(2026, 5, 1, tzinfo=dt.UTC)))
-    clock = Clock()
+    clock = ManualClock(100.0)
     controller.gate_ledger.monotonic = clock
     cluster.add("TrainingJob", "ml", "job", {"tp": 4, "ep": 4, "pp": 1, "dp": 1, "gpusPerPod": 4, "template": TEMPLATE})
     for _ in range(2):  # admission and its pods, then every pod exists: the gates go
