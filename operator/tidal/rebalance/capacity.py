@@ -76,8 +76,8 @@ def plan_capacity(
     gangs = {g.name: g for g in eligible}
     if not any(_restart_shrink(e, gangs) for e in plan.evictions):
         return plan
-    whole_only = [g if g.resize == ResizeKind.LIVE else replace(g, min_replicas=None) for g in eligible]
-    other = _best_plan(snapshot, request, whole_only, budget_gpus, direct.groups_fitting_now, free_only)
+    spared = restart_jobs_whole(eligible)
+    other = _best_plan(snapshot, request, spared, budget_gpus, direct.groups_fitting_now, free_only)
     if (
         other.replicas >= plan.replicas
         and _suspended_tier(other, gangs) <= _tier_allowed(plan, gangs)
@@ -85,6 +85,12 @@ def plan_capacity(
     ):
         return replace(other, reason=f"{other.reason} (cheaper than shrinking Restart jobs)")
     return plan
+
+
+def restart_jobs_whole(gangs: list[RunningGang]) -> list[RunningGang]:
+    """The gangs with every Restart job evictable only whole (Live jobs may still shrink): the
+    plan that spares Restart shrinks, and the simulator's tidal-no-restart-shrink ablation."""
+    return [g if g.resize == ResizeKind.LIVE else replace(g, min_replicas=None) for g in gangs]
 
 
 def _restart_shrink(eviction: Eviction, gangs: dict[str, RunningGang]) -> bool:

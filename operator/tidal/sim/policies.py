@@ -48,7 +48,7 @@ from tidal.placement import (
     split_groups,
 )
 from tidal.rebalance import DemandTracker, plan_capacity
-from tidal.rebalance.resize_cost import ResizeKind
+from tidal.rebalance.capacity import restart_jobs_whole
 from tidal.sim.engine import FLAP_WINDOW_S, SYNC_S, Job, Pool, Simulation
 from tidal.sim.workload import WINDOW
 
@@ -752,7 +752,7 @@ class TidalNoRestartShrink(Tidal):
     name = "tidal-no-restart-shrink"
 
     def victims_of(self, gangs: list[RunningGang]) -> list[RunningGang]:
-        return [g if g.resize == ResizeKind.LIVE else replace(g, min_replicas=None) for g in gangs]
+        return restart_jobs_whole(gangs)
 
 
 class TidalReactiveNoRestartShrink(TidalNoRestartShrink):
