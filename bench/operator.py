@@ -19,8 +19,8 @@ every client, during the gang's start; its breakdown in api_writes).
 
 Then the warm-up: the operator is SIGKILLed, a small job is submitted, a fresh operator process is
 started, and warm_up_seconds is the time from starting it to that job's admission. By default the
-fresh process is the container restarted in its pod (kopf's identity, POD_ID = the pod's name, is
-kept: its own dead record is no peer to wait for); with --restart pod it is a new pod, which first
+fresh process is the container restarted in its pod (kopf's identity, POD_ID, is kept as the pod's
+name is in a pod: its own dead record is no peer to wait for); with --restart pod it is a new pod, which first
 waits out the dead pod's peering record (15 s less its age), then lists the cluster and builds its
 view.
 
@@ -189,7 +189,8 @@ def run(
         "0",  # a "cycle done" line for each cycle that acts: the profile times the gang's phases by them
         # INFO for the profile's log lines (cycles, startup gate, peering); kopf's per-timer
         # lines it also brings are ~60 a second at 1,008 nodes, a fraction of a percent of a core.
-        # POD_ID is kopf's peering identity, the pod's name in the chart: see the warm-up below.
+        # POD_ID is kopf's peering identity: in a pod the container's own process takes the pod's
+        # name (runner.peering_id); this process is no PID 1, so it is set here. See the warm-up.
         env={"TIDAL_LOG_LEVEL": "INFO", "POD_ID": "tidal-bench-0"},
     )
     client = load_client(str(kubeconfig), pool_size=4)
