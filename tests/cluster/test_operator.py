@@ -197,6 +197,13 @@ def test_higher_priority_preempts_whole_gang_checkpoint_first(
     preempted = {c["type"]: c for c in st["conditions"]}["Preempted"]
     assert preempted["status"] == "True" and f"{namespace}/urgent" in preempted["message"]
     assert "after checkpoint-done" in preempted["message"]
+    # The eviction's end is the operator's own write, never refused as another writer's (the
+    # server's nested defaults, model/server_defaults.py): a refusal left the victim holding its
+    # nodes in the operator's view, and the preemptor placed on them restarted.
+    events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=urgent")["items"]
+    assert [e["reason"] for e in events if e["reason"] in ("Admitted", "Restarting")] == ["Admitted"]
+    refused = [line for line in running_operator.logs().splitlines() if "another writer" in line and namespace in line]
+    assert refused == []
     assert_gangs_sound(kube)
 
 

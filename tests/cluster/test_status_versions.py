@@ -61,3 +61,25 @@ def test_the_writer_resends_after_a_metadata_change_and_keeps_a_foreign_status(
     assert not writer.write(stale, {"phase": "Pending", "reason": "three"})
     assert read(kube, namespace, "a")["status"]["reason"] == "theirs", "never clobbered"
     assert writer.effective(stale)["reason"] == "theirs"
+
+
+def test_the_api_server_defaults_inside_the_status_and_the_writer_takes_that_for_its_own(
+    kube: Kube, namespace: str, no_operator: None
+):
+    """The real server fills status.eviction.mode (a nested schema default) in what it stores;
+    a write sent again after an annotation moved the version is ours to resend, not a status
+    another writer changed (the refusal this once caused made a preemption restart its preemptor)."""
+    submit(kube, namespace, job("a"))
+    api = Api(load_client(str(kube.kubeconfig)), workers=1)
+    writer = StatusWriter(api)
+    stale = resource_view(read(kube, namespace, "a"))
+    by = f"{namespace}/urgent (priority 100)"
+    eviction = {"reason": "Preempted", "by": by, "requestedAt": "2026-05-01T00:00:00Z"}
+    assert writer.write(stale, {"phase": "Running", "reason": "running", "eviction": eviction})
+    assert read(kube, namespace, "a")["status"]["eviction"]["mode"] == "Restart", "the server defaults it"
+    kube.run("annotate", "-n", namespace, "trainingjob", "a", "tidal.dev/checkpoint-done=2026-05-01T00:00:05Z")
+    assert writer.write(stale, {"phase": "Pending", "reason": "preempted"})
+    status = read(kube, namespace, "a")["status"]
+    assert status["phase"] == "Pending" and "eviction" not in status
+    shown = resource_view(read(kube, namespace, "a"))
+    assert writer.effective(shown) == writer.observed(shown), "the index showing our write is the ledger caught up"

@@ -18,6 +18,7 @@ from tidal.k8s.manifests import controlled_by_owner, service_update
 from tidal.k8s.priority import PriorityClassView
 from tidal.k8s.quota import QuotaView, quota_view
 from tidal.k8s.state import ClusterState, NodeView, ResourceView, node_view, pod_view
+from tidal.model.server_defaults import status_as_stored
 from tidal.topology.fleet import build_fleet
 
 _uids = itertools.count(1)
@@ -243,7 +244,8 @@ class FakeCluster:
         status: dict[str, Any],
         resource_version: str | None = None,
     ) -> str | None:
-        """As the API server: a patch naming a resourceVersion the object has moved past conflicts."""
+        """As the API server: a patch naming a resourceVersion the object has moved past conflicts,
+        and the CRD schema's defaults are filled in (at any depth) in what it stores."""
         self._log("patch_status", (kind, name))
         key = (kind, namespace, name)
         if key not in self.objects:
@@ -251,7 +253,8 @@ class FakeCluster:
         view = self.objects[key]
         if resource_version and resource_version != view.resource_version:
             raise StatusConflict(f"{kind} {name}: {resource_version} is not {view.resource_version}")
-        self.objects[key] = replace(view, status=_merge(view.status, status), resource_version=self._next_version())
+        stored = status_as_stored(kind, _merge(view.status, status))
+        self.objects[key] = replace(view, status=stored, resource_version=self._next_version())
         return self.objects[key].resource_version
 
     def read_status(self, kind: str, namespace: str | None, name: str) -> tuple[dict[str, Any], str, str] | None:

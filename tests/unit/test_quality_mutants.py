@@ -47,6 +47,10 @@ WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
 WRITE = "k8s/write.py"
+STATUS = "k8s/status.py"
+SERVER_DEFAULTS = "model/server_defaults.py"
+STATUS_TESTS = "tests/unit/test_status_versions.py::"
+DEFAULTS_TESTS = "tests/unit/test_server_defaults.py::"
 CAPACITY = "rebalance/capacity.py"
 RESIZE_COST = "rebalance/resize_cost.py"
 DEMAND = "rebalance/demand.py"
@@ -120,6 +124,10 @@ SAFETY = {
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
     # Failed deletes are still reported and the write order kept.
     WRITE: ("tests/unit/test_write.py::test_failed_deletes_are_reported_and_succeeded_domain_deletes_remembered",),
+    # A status another writer changed is still never overwritten.
+    STATUS: (STATUS_TESTS + "test_a_status_another_writer_changed_is_not_overwritten_and_is_decided_from_next",),
+    # A field already there is still kept as it is.
+    SERVER_DEFAULTS: (DEFAULTS_TESTS + "test_present_fields_and_objects_without_defaults_are_left_as_they_are",),
     # The cache still follows watched pods.
     WATCH: ("tests/unit/test_watch_cache.py::test_membership_follows_label_changes_through_the_index",),
     # A suspension of a Live job is still checkpoint-first.
@@ -1211,6 +1219,20 @@ MUTANTS = [
         '    if "POD_ID" in env or pid != 1:\n',
         '    if "POD_ID" in env:\n',
         "tests/unit/test_peering_id.py::test_any_other_process_in_the_pod_keeps_kopfs_own_id",
+    ),
+    Mutant(
+        "the status ledger holds what we wrote as the API server stores it (its defaults filled)",
+        STATUS,
+        "        stored = self._as_held(view.kind, status_as_stored(view.kind, wire))\n",
+        "        stored = self._as_held(view.kind, wire)\n",
+        STATUS_TESTS + "test_a_field_the_api_server_defaults_inside_the_status_is_no_other_writers_change",
+    ),
+    Mutant(
+        "the server's defaults are filled inside fields that are present, not only at the top",
+        SERVER_DEFAULTS,
+        "                    out[name] = with_defaults(sub, out[name])\n",
+        "                    pass\n",
+        DEFAULTS_TESTS + "test_defaults_fill_missing_fields_at_every_depth_and_inside_what_they_filled",
     ),
     Mutant(
         "the cycle summary is logged at most every --cycle-log-seconds",

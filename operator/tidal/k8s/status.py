@@ -1,7 +1,8 @@
 """Status writes with a ledger, so a cycle never acts on a status older than the one it wrote.
 
-The watch (and so the kopf index) lags our own writes by a little; the ledger holds what we wrote
-until the index shows it. Statuses are validated against the pydantic models before they are sent:
+The watch (and so the kopf index) lags our own writes by a little; the ledger holds what we wrote,
+as the API server stores it (the CRD schema's defaults filled in, model/server_defaults.py), until
+the index shows it. Statuses are validated against the pydantic models before they are sent:
 the CRD schema would otherwise silently prune a misspelt field.
 
 Every write carries the resourceVersion of the status it was decided from: the one the ledger
@@ -23,6 +24,7 @@ from tidal.k8s import compact
 from tidal.k8s.api import Api, StatusConflict
 from tidal.k8s.state import ResourceView
 from tidal.model import InferencePoolStatus, SupernodeStatus, TrainingJobStatus
+from tidal.model.server_defaults import status_as_stored
 
 _MODELS = {"TrainingJob": TrainingJobStatus, "InferencePool": InferencePoolStatus, "Supernode": SupernodeStatus}
 LEDGER_TTL_SECONDS = 60.0
@@ -99,9 +101,12 @@ class StatusWriter:
         Returns False when it was not written (the caller must decide again), else True."""
         status = {k: v for k, v in status.items() if v is not None}
         base = self.effective(view)
-        if _holds(base, status):
+        if base == status:  # the usual case, decided from what is held and left as it was
             return True
         wire = compact.to_wire(status) if view.kind == "TrainingJob" else status
+        stored = self._as_held(view.kind, status_as_stored(view.kind, wire))
+        if base == stored:  # differs only by what the API server fills in
+            return True
         _MODELS[view.kind].model_validate(wire)
         wire_base = compact.to_wire(base) if view.kind == "TrainingJob" else base
         olds = [wire_base, view.status]
@@ -119,23 +124,27 @@ class StatusWriter:
                     # Deleted and made again under the same name since this was decided: the
                     # decision was for another object; the new one is decided from its own state.
                     return False
-                held = compact.from_wire(fresh_wire) if view.kind == "TrainingJob" else fresh_wire
-                if _holds(held, status):  # a send whose answer was lost had made it after all
-                    self._ledger[view.uid] = (status, time.monotonic(), version)
+                held = self._as_held(view.kind, fresh_wire)
+                if held == stored:  # a send whose answer was lost had made it after all
+                    self._ledger[view.uid] = (stored, time.monotonic(), version)
                     return True
-                if not _holds(held, base):
-                    self._refuse(view, held, version)
+                if held != base:
+                    self._refuse(view, held, base, version)
                     return False
                 olds.append(fresh_wire)
                 continue
             if written is None:
                 return False
-            self._ledger[view.uid] = (status, time.monotonic(), written)
+            self._ledger[view.uid] = (stored, time.monotonic(), written)
             return True
         log.warning("status write conflicted repeatedly", kind=view.kind, namespace=view.namespace, name=view.name)
         return False
 
-    def _refuse(self, view: ResourceView, held: dict[str, Any], version: str) -> None:
+    @staticmethod
+    def _as_held(kind: str, wire: dict[str, Any]) -> dict[str, Any]:
+        return compact.from_wire(wire) if kind == "TrainingJob" else wire
+
+    def _refuse(self, view: ResourceView, held: dict[str, Any], base: dict[str, Any], version: str) -> None:
         """Another writer changed the status since it was decided from: keep theirs, and make the
         next cycle decide from it even if the index has not shown it yet."""
         log.warning(
@@ -143,6 +152,7 @@ class StatusWriter:
             kind=view.kind,
             namespace=view.namespace,
             name=view.name,
+            changed=sorted(k for k in set(held) | set(base) if held.get(k) != base.get(k)),
         )
         self._ledger[view.uid] = (held, time.monotonic(), version)
 
@@ -161,13 +171,3 @@ def _merge_patch(olds: list[dict[str, Any]], new: dict[str, Any]) -> dict[str, A
         nested = [old[k] for old in olds if isinstance(old.get(k), dict)]
         patch[k] = _merge_patch(nested, v) if nested and isinstance(v, dict) else v
     return patch
-
-
-def _holds(current: dict[str, Any], status: dict[str, Any]) -> bool:
-    """`current` is `status`, but for keys the API server defaulted."""
-    return all(current.get(k) == v for k, v in status.items()) and set(current) <= set(status) | _defaulted(current)
-
-
-def _defaulted(status: dict[str, Any]) -> set[str]:
-    """Keys the API server fills from schema defaults; their presence alone is no change."""
-    return {k for k, v in status.items() if v in (0, [], "", "Pending")}
