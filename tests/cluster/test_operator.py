@@ -201,7 +201,7 @@ def test_higher_priority_preempts_whole_gang_checkpoint_first(
     # server's nested defaults, model/server_defaults.py): a refusal left the victim holding its
     # nodes in the operator's view, and the preemptor placed on them restarted.
     events = kube.get("events", "-n", namespace, "--field-selector", "involvedObject.name=urgent")["items"]
-    assert [e["reason"] for e in events if e["reason"] in ("Admitted", "Restarting")] == ["Admitted"]
+    assert not [e["message"] for e in events if e["reason"] == "Restarting"], "the preemptor never restarted"
     refused = [line for line in running_operator.logs().splitlines() if "another writer" in line and namespace in line]
     assert refused == []
     assert_gangs_sound(kube)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 
 from tidal.k8s.api import Api, StatusConflict, load_client
+from tidal.k8s.compact import to_wire
 from tidal.k8s.state import resource_view
 from tidal.k8s.status import StatusWriter
+from tidal.model.server_defaults import status_as_stored
 
 from .kube import Kube
 from .operator_process import OperatorProcess
@@ -75,8 +77,19 @@ def test_the_api_server_defaults_inside_the_status_and_the_writer_takes_that_for
     stale = resource_view(read(kube, namespace, "a"))
     by = f"{namespace}/urgent (priority 100)"
     eviction = {"reason": "Preempted", "by": by, "requestedAt": "2026-05-01T00:00:00Z"}
-    assert writer.write(stale, {"phase": "Running", "reason": "running", "eviction": eviction})
-    assert read(kube, namespace, "a")["status"]["eviction"]["mode"] == "Restart", "the server defaults it"
+    placement = [{"group": 0, "supernode": "nvl72-0000", "nodes": [f"nvl72-0000-n{i:02d}" for i in range(4)]}]
+    condition = {"type": "Running", "status": "True", "reason": "AllPodsRunning", "message": "m"}
+    running = {
+        "phase": "Running",
+        "reason": "running",
+        "eviction": eviction,
+        "placement": placement,
+        "conditions": [{**condition, "lastTransitionTime": "2026-05-01T00:00:00Z"}],
+    }
+    assert writer.write(stale, running)
+    held = read(kube, namespace, "a")["status"]
+    assert held["eviction"]["mode"] == "Restart", "the server defaults it"
+    assert held == status_as_stored("TrainingJob", to_wire(running)), "the server stores what the models' CRD says"
     kube.run("annotate", "-n", namespace, "trainingjob", "a", "tidal.dev/checkpoint-done=2026-05-01T00:00:05Z")
     assert writer.write(stale, {"phase": "Pending", "reason": "preempted"})
     status = read(kube, namespace, "a")["status"]

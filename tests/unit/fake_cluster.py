@@ -30,8 +30,8 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     for k, v in patch.items():
         if v is None:
             out.pop(k, None)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
+        elif isinstance(v, dict):  # RFC 7386: merged into {} where the target is no object, nulls dropped
+            out[k] = _merge(out[k] if isinstance(out.get(k), dict) else {}, v)
         else:
             out[k] = v
     return out

@@ -1221,10 +1221,10 @@ MUTANTS = [
         "tests/unit/test_peering_id.py::test_any_other_process_in_the_pod_keeps_kopfs_own_id",
     ),
     Mutant(
-        "the status ledger holds what we wrote as the API server stores it (its defaults filled)",
+        "statuses, ours and read, are compared as the API server stores them (its defaults filled)",
         STATUS,
-        "        stored = self._as_held(view.kind, status_as_stored(view.kind, wire))\n",
-        "        stored = self._as_held(view.kind, wire)\n",
+        "        stored = status_as_stored(kind, wire)\n",
+        "        stored = wire\n",
         STATUS_TESTS + "test_a_field_the_api_server_defaults_inside_the_status_is_no_other_writers_change",
     ),
     Mutant(

@@ -51,6 +51,17 @@ def test_present_fields_and_objects_without_defaults_are_left_as_they_are():
     assert with_defaults({"type": "object"}, {"x": 1}) == {"x": 1}
 
 
+def test_unknown_fields_are_pruned_and_nulls_defaulted_as_the_server_does():
+    value = {"phase": None, "eviction": {"by": None, "extra": 1}, "unknown": {"x": 1}}
+    assert with_defaults(SCHEMA, value) == {"phase": "Pending", "eviction": {"mode": "Restart"}, "limits": {"gpus": 8}}
+    open_schema = {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {"a": {"type": "integer"}},
+    }
+    assert with_defaults(open_schema, {"a": 1, "b": 2}) == {"a": 1, "b": 2}, "preserved where the schema says so"
+
+
 def test_a_training_job_status_gets_the_defaults_of_its_crd():
     stored = status_as_stored("TrainingJob", {"phase": "Running", "eviction": {"reason": "Preempted"}})
     assert stored["eviction"]["mode"] == "Restart"

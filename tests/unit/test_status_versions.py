@@ -9,6 +9,8 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from tidal.clock import FixedClock
 from tidal.k8s.api import StatusConflict
 from tidal.k8s.compact import from_wire
@@ -83,10 +85,47 @@ def test_a_field_the_api_server_defaults_inside_the_status_is_no_other_writers_c
     cluster.annotate("TrainingJob", "ml", "a", {"tidal.dev/checkpoint-done": "2026-05-01T00:00:05Z"})
     assert writer.write(stale, {"phase": "Pending", "reason": "preempted"}), "our own status, not another writer's"
     assert cluster.status("TrainingJob", "ml", "a")["phase"] == "Pending"
-    # The index showing our write (defaults filled) is the ledger caught up: decided from it, with its version.
+    # The index showing our write (defaults filled) is the ledger caught up: decided from it.
     shown = job(cluster)
-    assert writer.effective(shown) == writer.observed(shown)
-    assert writer.version(shown) == shown.resource_version
+    assert writer.effective(shown) is writer.observed(shown)
+
+
+class SkewedCrd(FakeCluster):
+    """A server whose installed CRD is not the operator's (Helm never upgrades CRDs): older, it
+    does not default status.eviction.mode; newer, it defaults a field the operator's models lack."""
+
+    def __init__(self, newer: bool):
+        super().__init__("nvl72", 1)
+        self.newer = newer
+
+    def patch_status(self, kind, namespace, name, status, resource_version=None):
+        written = super().patch_status(kind, namespace, name, status, resource_version)
+        key = (kind, namespace, name)
+        held = dict(self.objects[key].status)
+        if "eviction" in held:
+            eviction = {k: v for k, v in held["eviction"].items() if k != "mode"}
+            held["eviction"] = {**eviction, "drainHint": "none"} if self.newer else eviction
+        if self.newer:
+            held["observedWorld"] = 0
+        self.objects[key] = dataclasses.replace(self.objects[key], status=held)
+        return written
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["older CRD", "newer CRD"])
+def test_a_crd_older_or_newer_than_the_operator_does_not_make_our_write_anothers(newer: bool):
+    cluster = SkewedCrd(newer)
+    cluster.add("TrainingJob", "ml", "a", SPEC)
+    writer = StatusWriter(cluster)
+    stale = job(cluster)
+    assert writer.write(stale, {"phase": "Running", "reason": "running", "eviction": EVICTION})
+    shown = job(cluster)
+    assert writer.effective(shown) is writer.observed(shown), "the ledger catches up on the skewed copy"
+    cluster.annotate("TrainingJob", "ml", "a", {"tidal.dev/checkpoint-done": "2026-05-01T00:00:05Z"})
+    assert writer.write(shown, {"phase": "Pending", "reason": "preempted"}), "our own status, not another writer's"
+    assert cluster.status("TrainingJob", "ml", "a")["phase"] == "Pending"
+    again = job(cluster)
+    cluster.calls.clear()
+    assert writer.write(again, writer.effective(again)) and verbs(cluster) == [], "and no write loop"
 
 
 def test_a_status_another_writer_changed_is_not_overwritten_and_is_decided_from_next():

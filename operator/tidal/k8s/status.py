@@ -60,7 +60,9 @@ def condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | 
 
 class StatusWriter:
     """TrainingJob placements are held expanded (a list of groups) and written compacted
-    (`status.assignment`, k8s/compact.py); the decoded form is kept per status object read."""
+    (`status.assignment`, k8s/compact.py). Every status, ours and read, is held as the API server
+    stores it under the models' CRD (`status_as_stored`), so that they compare equal exactly when
+    they are; the form is kept per status object read."""
 
     def __init__(self, api: Api):
         self.api = api
@@ -69,13 +71,13 @@ class StatusWriter:
         self._decoded: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def observed(self, view: ResourceView) -> dict[str, Any]:
-        """The status as read, in the operator's form (decoded once per object seen)."""
-        if view.kind != "TrainingJob":
-            return view.status
+        """The status as read, in the operator's form: placements decoded, and as the models'
+        CRD would store it (`status_as_stored`: the installed CRD may be older or newer than the
+        operator). Made once per object version seen."""
         seen = self._decoded.get(view.uid)
         if seen is not None and seen[0] is view.status:
             return seen[1]
-        held = compact.from_wire(view.status)
+        held = self._as_held(view.kind, view.status)
         self._decoded[view.uid] = (view.status, held)
         return held
 
@@ -104,7 +106,7 @@ class StatusWriter:
         if base == status:  # the usual case, decided from what is held and left as it was
             return True
         wire = compact.to_wire(status) if view.kind == "TrainingJob" else status
-        stored = self._as_held(view.kind, status_as_stored(view.kind, wire))
+        stored = self._as_held(view.kind, wire)
         if base == stored:  # differs only by what the API server fills in
             return True
         _MODELS[view.kind].model_validate(wire)
@@ -142,7 +144,10 @@ class StatusWriter:
 
     @staticmethod
     def _as_held(kind: str, wire: dict[str, Any]) -> dict[str, Any]:
-        return compact.from_wire(wire) if kind == "TrainingJob" else wire
+        """A status in the wire form as the operator holds it, ours or read: as the API server
+        stores it under the models' CRD, the placement decoded."""
+        stored = status_as_stored(kind, wire)
+        return compact.from_wire(stored) if kind == "TrainingJob" else stored
 
     def _refuse(self, view: ResourceView, held: dict[str, Any], base: dict[str, Any], version: str) -> None:
         """Another writer changed the status since it was decided from: keep theirs, and make the

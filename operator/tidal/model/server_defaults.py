@@ -18,13 +18,16 @@ from tidal.model.crd import RESOURCE_KINDS, openapi_schema
 
 
 def with_defaults(schema: dict[str, Any], value: Any) -> Any:
-    """`value` as the API server holds it under `schema`: missing fields that have a default get
-    it, inside objects, map values (additionalProperties) and list items alike. `value` is not
-    changed; what is returned shares its unchanged parts."""
+    """`value` as the API server holds it under `schema`: fields the schema does not know are
+    pruned (unless it preserves unknown fields), a null field is dropped (tidal's schemas have no
+    nullable field: the server defaults a null one, and a merge patch's null deletes), and missing
+    fields that have a default get it, inside objects, map values (additionalProperties) and list
+    items alike. `value` is not changed; what is returned shares its unchanged parts."""
     if isinstance(value, dict):
         properties = schema.get("properties")
         if properties:
-            out = dict(value)
+            keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields")
+            out = {k: v for k, v in value.items() if v is not None and (k in properties or keep_unknown)}
             for name, sub in properties.items():
                 if name in out:
                     out[name] = with_defaults(sub, out[name])
@@ -49,5 +52,12 @@ def status_schema(kind: str) -> dict[str, Any]:
 
 
 def status_as_stored(kind: str, wire_status: dict[str, Any]) -> dict[str, Any]:
-    """A status in its wire form as the API server will hold it once written."""
+    """A status in its wire form as the API server will hold it once written, under the CRD the
+    models generate. The operator also reads every status through this (k8s/status.py): when the
+    installed CRD is older or newer than the operator (Helm never upgrades CRDs), a default or a
+    field only one side knows must not make our own write look like another writer's. An empty
+    status is an object never given one (the server defaults inside present objects only: a new
+    object's status has no defaults until a write makes it), and stays empty."""
+    if not wire_status:
+        return wire_status
     return with_defaults(status_schema(kind), wire_status)
