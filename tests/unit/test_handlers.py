@@ -14,10 +14,12 @@ from typing import Any
 import kopf
 import pytest
 import structlog
+from kubernetes import client
 
 from tidal.clock import FixedClock
 from tidal.k8s import handlers
 from tidal.k8s.controller import Controller, ControllerSettings
+from tidal.k8s.informer import PodInformer
 from tidal.k8s.state import NodeView, ResourceView
 from tidal.k8s.supernodes import DEFAULT_ACCELERATORS
 
@@ -56,7 +58,9 @@ def object_body(view: ResourceView) -> dict[str, Any]:
 def setup(supernodes: int, **settings: Any) -> tuple[FakeCluster, Controller, MiniKopf, list[dict[str, Any]]]:
     cluster = FakeCluster("nvl72", supernodes)
     controller = Controller(cluster, FixedClock(NOW), ControllerSettings(**{"min_cycle_seconds": 0.0, **settings}))
-    sim = MiniKopf(controller=controller, discover_label=None, accelerators=DEFAULT_ACCELERATORS)
+    informer = PodInformer(client.ApiClient(), controller.cache, active=controller.ticking)
+    informer.synced.set()  # the pods' first listing (none): pods come through `informer.handle`
+    sim = MiniKopf(controller=controller, pod_informer=informer, discover_label=None, accelerators=DEFAULT_ACCELERATORS)
     bodies = [object_body(v) for (kind, _, _), v in sorted(cluster.objects.items()) if kind == "Supernode"]
     return cluster, controller, sim, bodies
 
@@ -340,7 +344,7 @@ def test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again():
 def test_a_deleted_pod_leaves_its_final_state_to_tell_a_drain_from_a_crash():
     """The DELETED event's object is the pod's final state: a drained pod's DisruptionTarget and
     deletionTimestamp, which the cache keeps (`WatchCache.departed`) for the job's next reconcile."""
-    _, controller, sim, _ = setup(1)
+    _, controller, sim, bodies = setup(1)
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -366,8 +370,10 @@ def test_a_deleted_pod_leaves_its_final_state_to_tell_a_drain_from_a_crash():
     running = {**pod, "metadata": meta, "status": {"phase": "Running"}}
 
     async def scenario() -> None:
-        await sim.event("pods", running)  # the last event before the delete (or the listing's view)
-        await sim.event("pods", pod, type="DELETED")
+        await sim.tick("supernodes", bodies[0])  # timers run: the informer queues its events
+        informer = sim.base.pod_informer
+        informer.handle({"type": "MODIFIED", "object": running}, "1")  # the last event before the delete
+        informer.handle({"type": "DELETED", "object": pod}, "2")
         controller.cache.drain()
         assert ("ml", "j-0") not in controller.cache.pods
         last = controller.cache.departed[("ml", "j-0")]

@@ -13,7 +13,7 @@ from tidal.k8s.cache import build_snapshot, memberships
 from tidal.k8s.controller import Controller, ControllerSettings
 from tidal.k8s.manifests import owner_reference
 from tidal.k8s.pools import pool_allocations
-from tidal.k8s.state import pod_view
+from tidal.k8s.state import ClusterState, pod_view
 from tidal.k8s.training import allocations
 from tidal.k8s.watch import Deleted, WatchCache
 from tidal.placement import Packing, plan_gang
@@ -225,6 +225,28 @@ def test_a_queued_listing_supersedes_the_events_before_it_not_those_after():
     cache.feed("pod", ("x", "new"), pod("new"))
     assert cache.drain() == 1
     assert set(cache.pods) == {("x", "new")} and len(cache.nodes) == 18 and set(cache.supernodes) == {"nvl72-0000"}
+
+
+def test_a_listing_of_one_kind_supersedes_that_kinds_events_only():
+    """The pod informer's listing (k8s/informer.py) replaces the pods and drops the pod events
+    queued before it; the nodes' events around it are kept, in order, and other tables untouched."""
+    cluster = FakeCluster("nvl72", 1)
+    cache = WatchCache()
+    cache.resync(cluster.state())
+    cache.drain()
+
+    def pod(name: str):
+        owner = [owner_reference("TrainingJob", "j", "uid-j")]
+        return pod_view({"metadata": {"name": name, "namespace": "x", "uid": name, "ownerReferences": owner}})
+
+    cache.feed("pod", ("x", "gone"), pod("gone"))  # deleted while unwatched: the listing lacks it
+    cache.feed("node", "nvl72-0000-n00", None)  # a node deleted before the pods' listing
+    cache.resync(ClusterState(pods={("x", "kept"): pod("kept")}), kinds=("pod",))
+    cache.feed("pod", ("x", "new"), pod("new"))
+    assert cache.drain() == 2
+    assert set(cache.pods) == {("x", "kept"), ("x", "new")}
+    assert "nvl72-0000-n00" not in cache.nodes and len(cache.nodes) == 17, "other kinds' events all applied"
+    assert set(cache.supernodes) == {"nvl72-0000"}, "a pods' listing leaves other tables alone"
 
 
 def test_a_listing_given_to_a_cycle_that_could_not_run_waits_for_the_next_one():

@@ -56,6 +56,9 @@ from tidal.placement.leftover import ArrivalHistory
 from tidal.placement.types import Packing
 from tidal.rebalance import DemandTracker
 
+TICKING_SECONDS = 10.0
+"""A tick within this long means timers are running (they fire every second)."""
+
 
 @dataclass
 class ControllerSettings:
@@ -183,6 +186,11 @@ class Controller:
 
     def due(self) -> bool:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
+
+    def ticking(self) -> bool:
+        """Whether timers tick now (not standing by, paused by peering or starting): the pod
+        informer queues events only then (k8s/informer.py)."""
+        return bool(self.last_tick) and time.monotonic() - self.last_tick < TICKING_SECONDS
 
     def claim(self) -> bool:
         """On the event loop: True if a cycle may start now. The slot is taken at once, so the ticks

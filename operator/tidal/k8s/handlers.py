@@ -35,11 +35,12 @@ from tidal import API_GROUP, API_VERSION
 from tidal.k8s import kopf_startup
 from tidal.k8s.controller import Controller
 from tidal.k8s.deletions import FINALIZER
+from tidal.k8s.informer import PodInformer
 from tidal.k8s.priority import priority_class_view
 from tidal.k8s.quota import quota_view
-from tidal.k8s.state import ClusterState, node_view, pod_view, resource_view, tidal_controller
+from tidal.k8s.state import ClusterState, node_view, resource_view
 from tidal.k8s.supernodes import discover
-from tidal.k8s.watch import TABLES, Deleted
+from tidal.k8s.watch import TABLES
 
 log = structlog.get_logger("tidal")
 
@@ -108,8 +109,7 @@ def _feed(memo: kopf.Memo, event: dict[str, Any], kind: str, key: Any, make: Any
         # peering resume), and may have kept objects the new list lacks (see audit_indices).
         memo.controller.relisted.add(kind)
     if event.get("type") == "DELETED":
-        # A pod's final state (a drain's condition, `departed`) and its uid: only that pod goes.
-        view = Deleted(make(dict(body))) if kind == "pod" else None
+        view = None
     elif view is None:  # the index function failed (kopf logged it): the cache still learns the change
         view = make(dict(body))
     memo.controller.cache.feed(kind, key, view)
@@ -120,27 +120,11 @@ def tidal_nodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[s
     return {name: _indexed(memo, node_view(dict(body)))}
 
 
-def _interesting_pod(body: kopf.Body, **_: Any) -> bool:
-    # Only pods that hold accelerators or belong to tidal: the rest never matter for placement.
-    if tidal_controller(body.get("metadata", {})) is not None:
-        return True
-    for c in body.get("spec", {}).get("containers") or []:
-        res = c.get("resources") or {}
-        if any("/" in k for k in {**(res.get("limits") or {}), **(res.get("requests") or {})}):
-            return True
-    return False
-
-
 def _served(namespace: str | None, memo: kopf.Memo, **_: Any) -> bool:
     # `tidal run --namespace` limits the TrainingJobs and InferencePools served, not what is
     # watched: kopf runs cluster-wide so every GPU pod on every node is seen, whatever its namespace.
     served = memo.get("served_namespaces")
     return not served or namespace in served
-
-
-@kopf.index("", "v1", "pods", when=_interesting_pod)
-def tidal_pods(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): _indexed(memo, pod_view(dict(body)))}
 
 
 @kopf.index(API_GROUP, API_VERSION, "supernodes")
@@ -172,13 +156,6 @@ def tidal_quotas(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **
 @kopf.on.event("", "v1", "nodes")
 async def feed_nodes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _feed(memo, event, "node", name, node_view, body)
-
-
-@kopf.on.event("", "v1", "pods", when=_interesting_pod)
-async def feed_pods(
-    namespace: str, name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> None:
-    _feed(memo, event, "pod", (namespace, name), pod_view, body)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "supernodes")
@@ -216,10 +193,11 @@ def _single(index: kopf.Index) -> dict[Any, Any]:
     return {key: value for key, store in index.items() for value in store}
 
 
-def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
+def state_from(indices: dict[str, kopf.Index], pods: dict[Any, Any] | None = None) -> ClusterState:
+    """A copy of kopf's indices, and the pods (the informer's: k8s/informer.py)."""
     return ClusterState(
+        pods=pods or {},
         nodes=_single(indices["tidal_nodes"]),
-        pods=_single(indices["tidal_pods"]),
         supernodes=_single(indices["tidal_supernodes"]),
         jobs=_single(indices["tidal_jobs"]),
         pools=_single(indices["tidal_pools"]),
@@ -230,10 +208,14 @@ def state_from(indices: dict[str, kopf.Index]) -> ClusterState:
 
 async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
+    informer: PodInformer = memo.pod_informer
+    if not informer.synced.is_set():
+        return  # no cycle before the pods' first listing: it would see a cluster without pods
     if not controller.last_tick:
         # After (re)start, timers run only once the startup gate opened and peering let us act.
         log.info("first tick: timers running")
     controller.last_tick = time.monotonic()
+    informer.queue_if_stale()
     stuck = controller.stuck_report()
     if stuck:
         log.error("controller stuck", message=stuck, failures_in_a_row=controller.failures)
@@ -242,10 +224,15 @@ async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     indices = {k: v for k, v in kwargs.items() if k.startswith("tidal_")}
     copy = None
     if controller.resync_due():
-        # A full copy of the indices (at the first tick, then rarely), queued for the cycle: it
-        # supersedes the events queued before it, which are all in it (fed after kopf indexed them).
-        copy = state_from(indices)
-        controller.cache.resync(copy)
+        # A full copy of the indices and the informer's pods (at the first tick, then rarely),
+        # queued for the cycle: it supersedes the events queued before it, which are all in it
+        # (fed after kopf indexed them; the pods' fed under the lock the copy is made under).
+        def queue(pods: dict[Any, Any]) -> None:
+            nonlocal copy
+            copy = state_from(indices, pods)
+            controller.cache.resync(copy)
+
+        informer.copy_pods(queue)
     if controller.relisted and not _audits and controller.audit_due():
         kinds, controller.relisted = set(controller.relisted), set()
         task = asyncio.create_task(audit_indices(controller, copy or state_from(indices), kinds))

@@ -34,11 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
     from tidal.k8s.api import Api, RetryPolicy, load_client
     from tidal.k8s.controller import Controller
+    from tidal.k8s.informer import PodInformer
 
-    api = Api(
-        load_client(str(args.kubeconfig) if args.kubeconfig else None),
-        policy=RetryPolicy(timeout_seconds=args.api_timeout),
-    )
+    api_client = load_client(str(args.kubeconfig) if args.kubeconfig else None)
+    api = Api(api_client, policy=RetryPolicy(timeout_seconds=args.api_timeout))
     if not args.standalone and not _peering_ready(api, args):
         return 2
     clock = FileClock(Path(args.clock_file)) if args.clock_file else SystemClock()
@@ -53,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
         admission_timeout_seconds=settings.admission_timeout_seconds,
     )
     controller = Controller(api, clock, settings)
+    # Pods are watched outside kopf (k8s/informer.py), from now on: a replica standing by (kopf
+    # peering) keeps a warm cache, and takes over without listing every pod first.
+    pod_informer = PodInformer(api_client, controller.cache, active=controller.ticking)
+    pod_informer.start()
     if args.metrics_port:
         from tidal.metrics import Metrics
 
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port)
     memo = kopf.Memo(
         controller=controller,
+        pod_informer=pod_informer,
         discover_label=args.discover_supernodes or None,
         accelerators=tuple(args.accelerator_resources.split(",")),
         served_namespaces=frozenset(args.namespace),

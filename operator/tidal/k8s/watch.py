@@ -122,11 +122,12 @@ class WatchCache:
         at once), and must not remove that one."""
         self._events.append((kind, key, view))
 
-    def resync(self, state: ClusterState) -> None:
-        """Queue a full listing. The drain that reaches it brings the cache to it by difference and
-        drops the events queued before it (each is already in the listing, or older than what it
-        holds: events must be fed only after the listing's source has them, see k8s/handlers.py)."""
-        self._events.append((_LISTING, None, state))
+    def resync(self, state: ClusterState, kinds: Iterable[str] = TABLES) -> None:
+        """Queue a full listing of `kinds` (every kind by default). The drain that reaches it brings
+        those tables to it by difference and drops their events queued before it (each is already
+        in the listing, or older than what it holds: events must be fed only after the listing's
+        source has them, see k8s/handlers.py); other kinds' events keep their order."""
+        self._events.append((_LISTING, frozenset(kinds), state))
 
     def forget(self, phantoms: Iterable[tuple[str, Any, Any]]) -> None:
         """Queue (kind, key, view) of objects a fresh LIST no longer has though the watch never
@@ -148,19 +149,27 @@ class WatchCache:
     def drain(self) -> int:
         """Apply what was queued when the drain began (in order); returns the events applied."""
         batch = [self._events.popleft() for _ in range(len(self._events))]
-        for kind, key, view in batch:
+        latest: dict[str, int] = {}  # kind -> the position of its last listing in the batch
+        for i, (kind, key, view) in enumerate(batch):
             if kind is _FORGET:  # wherever it was queued: a listing after it must not bring it back
                 self._gone[key] = view
-        last = max((i for i, (kind, _, _) in enumerate(batch) if kind is _LISTING), default=None)
-        if last is not None:
-            self.sync(batch[last][2])
-            batch = batch[last + 1 :]
-        for kind, key, view in batch:
+            elif kind is _LISTING:
+                latest.update(dict.fromkeys(key, i))
+        applied = 0
+        for i, (kind, key, view) in enumerate(batch):
+            if kind is _LISTING:
+                kinds = {k for k in key if latest[k] == i}
+                if kinds:
+                    self.sync(view, kinds)
+                continue
+            if i < latest.get(key[0] if kind is _FORGET else kind, -1):
+                continue  # superseded by a later listing of its kind
+            applied += 1
             if kind is not _FORGET:
                 self.apply(kind, key, view)
             elif getattr(self, TABLES[key[0]]).get(key[1]) == view:  # an equal update keeps the cache's older object
                 self.apply(key[0], key[1], None)
-        return len(batch)
+        return applied
 
     def apply(self, kind: str, key: Any, view: Any) -> None:
         if kind == "node":
@@ -196,10 +205,11 @@ class WatchCache:
         else:
             raise ValueError(f"unknown kind {kind}")
 
-    def sync(self, state: ClusterState) -> None:
-        """Bring the cache to `state` (a full listing), applying only the differences; objects
-        known to be gone (`forget`) are not in it, whatever the listing says."""
-        for kind, table in TABLES.items():
+    def sync(self, state: ClusterState, kinds: Iterable[str] = TABLES) -> None:
+        """Bring the cache's tables of `kinds` to `state` (a full listing), applying only the
+        differences; objects known to be gone (`forget`) are not in it, whatever the listing says."""
+        for kind in kinds:
+            table = TABLES[kind]
             mine, theirs = getattr(self, table), getattr(state, table)
             gone = {k: v for (gone_kind, k), v in self._gone.items() if gone_kind == kind}
             if gone:
