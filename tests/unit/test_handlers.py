@@ -216,6 +216,24 @@ def test_the_first_tick_after_a_start_is_logged_once():
     assert [e["event"] for e in logs].count("first tick: timers running") == 1
 
 
+def test_no_cycle_runs_before_the_pods_first_listing():
+    """A cycle before it would see a cluster without pods: every GPU free, every gang's pods
+    missing (k8s/informer.py)."""
+    cluster, controller, sim, (first,) = setup(1)
+    sim.base.pod_informer.synced.clear()
+
+    async def scenario() -> None:
+        await list_nodes(cluster, sim)
+        await sim.event("supernodes", first)
+        await sim.tick("supernodes", first)
+        assert controller.cycles == 0 and not controller.last_tick
+        sim.base.pod_informer.synced.set()
+        await sim.tick("supernodes", first)
+        assert controller.cycles == 1
+
+    asyncio.run(scenario())
+
+
 async def running(cluster: FakeCluster, sim: MiniKopf, *supernodes: dict[str, Any]) -> None:
     """Nodes and supernodes listed, the first cycle run."""
     await list_nodes(cluster, sim)
@@ -372,8 +390,8 @@ def test_a_deleted_pod_leaves_its_final_state_to_tell_a_drain_from_a_crash():
     async def scenario() -> None:
         await sim.tick("supernodes", bodies[0])  # timers run: the informer queues its events
         informer = sim.base.pod_informer
-        informer.handle({"type": "MODIFIED", "object": running}, "1")  # the last event before the delete
-        informer.handle({"type": "DELETED", "object": pod}, "2")
+        informer.handle({"type": "MODIFIED", "object": running})  # the last event before the delete
+        informer.handle({"type": "DELETED", "object": pod})
         controller.cache.drain()
         assert ("ml", "j-0") not in controller.cache.pods
         last = controller.cache.departed[("ml", "j-0")]

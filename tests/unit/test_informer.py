@@ -1,5 +1,5 @@
-"""The pod informer's event handling (k8s/informer.py), one event at a time; the LIST, the watch
-and a 410's re-list against the real API server are in tests/cluster/test_informer.py."""
+"""The pod informer (k8s/informer.py) one event at a time, and its run loop over a scripted API;
+the LIST and the watch against the real API server are in tests/cluster/test_informer.py."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tidal.k8s.informer import Gone, PodInformer
 from tidal.k8s.manifests import owner_reference
 from tidal.k8s.watch import WatchCache
 
 
-def pod(name: str, uid: str, gpus: int = 0, owned: bool = True, terminating: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": uid, "resourceVersion": uid}
+def pod(name: str, uid: str, gpus: int = 0, owned: bool = True, version: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": uid, "resourceVersion": version or uid}
     if owned:
         meta["ownerReferences"] = [owner_reference("TrainingJob", "j", "uid-j")]
-    if terminating:
-        meta["deletionTimestamp"] = "2026-05-01T00:00:00Z"
     requests = {"nvidia.com/gpu": str(gpus)} if gpus else {}
     return {"metadata": meta, "spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]}}
 
@@ -31,41 +30,48 @@ def informer(active: bool = True) -> tuple[PodInformer, WatchCache, list[bool]]:
 
 def test_events_of_interesting_pods_reach_the_cache_and_others_never_do():
     inf, cache, _ = informer()
-    assert inf.handle({"type": "ADDED", "object": pod("j-0", "10")}, "1") == "10"
-    inf.handle({"type": "ADDED", "object": pod("web", "11", owned=False)}, "10")  # no accelerator, not tidal's
-    inf.handle({"type": "ADDED", "object": pod("gpu", "12", gpus=1, owned=False)}, "11")  # a foreign GPU pod
+    inf.handle({"type": "ADDED", "object": pod("j-0", "10")})
+    assert inf.version == "10"
+    inf.handle({"type": "ADDED", "object": pod("web", "11", owned=False)})  # no accelerator, not tidal's
+    inf.handle({"type": "ADDED", "object": pod("gpu", "12", gpus=1, owned=False)})  # a foreign GPU pod
     cache.drain()
     assert set(cache.pods) == {("ml", "j-0"), ("ml", "gpu")}
-    inf.handle({"type": "DELETED", "object": pod("j-0", "10")}, "12")
-    inf.handle({"type": "DELETED", "object": pod("web", "11", owned=False)}, "13")
+    inf.handle({"type": "DELETED", "object": pod("j-0", "10", version="13")})
+    inf.handle({"type": "DELETED", "object": pod("web", "11", owned=False, version="14")})
     cache.drain()
     assert set(cache.pods) == {("ml", "gpu")} == set(inf.pods)
+    assert inf.version == "14"
 
 
-def test_a_pod_that_stops_being_interesting_leaves_the_cache():
+def test_a_pod_that_stops_being_interesting_leaves_and_may_come_back():
     inf, cache, _ = informer()
-    inf.handle({"type": "ADDED", "object": pod("j-0", "10")}, "1")
-    inf.handle({"type": "MODIFIED", "object": pod("j-0", "10", owned=False)}, "2")  # orphaned, no GPU
+    inf.handle({"type": "ADDED", "object": pod("j-0", "10")})
+    inf.handle({"type": "MODIFIED", "object": pod("j-0", "10", owned=False, version="11")})  # orphaned, no GPU
     cache.drain()
     assert cache.pods == {} and inf.pods == {}
+    inf.handle({"type": "MODIFIED", "object": pod("j-0", "10", version="12")})  # adopted again: not a deleted uid
+    cache.drain()
+    assert set(cache.pods) == {("ml", "j-0")}
 
 
-def test_a_late_event_of_a_replaced_pod_does_not_take_its_name_back_in_the_table():
-    inf, _, _ = informer()
-    inf.handle({"type": "ADDED", "object": pod("j-0", "20")}, "1")  # the new pod under the name
-    inf.handle({"type": "MODIFIED", "object": pod("j-0", "10", terminating=True)}, "2")  # the old one, late
-    inf.handle({"type": "DELETED", "object": pod("j-0", "10", terminating=True)}, "3")
-    assert inf.pods[("ml", "j-0")].uid == "20"
+def test_a_pod_whose_view_cannot_be_made_is_skipped_not_fatal():
+    inf, cache, _ = informer()
+    bad = pod("j-0", "10")
+    bad["spec"]["containers"] = 5  # what no API server would serve
+    inf.handle({"type": "ADDED", "object": bad})
+    inf.handle({"type": "ADDED", "object": pod("j-1", "11")})
+    cache.drain()
+    assert set(cache.pods) == {("ml", "j-1")} and inf.version == "11"
 
 
 def test_bookmarks_move_the_version_and_a_410_is_gone():
     inf, cache, _ = informer()
-    assert inf.handle({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "99"}}}, "1") == "99"
-    assert cache.queued == 0 and inf.events == 0
+    inf.handle({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "99"}}})
+    assert inf.version == "99" and cache.queued == 0 and inf.events == 0
     with pytest.raises(Gone):
-        inf.handle({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}, "99")
+        inf.handle({"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}})
     with pytest.raises(RuntimeError):
-        inf.handle({"type": "ERROR", "object": {"code": 500, "message": "boom"}}, "99")
+        inf.handle({"type": "ERROR", "object": {"code": 500, "message": "boom"}})
 
 
 def test_while_no_cycle_runs_events_are_not_queued_and_the_next_tick_queues_the_table():
@@ -73,8 +79,8 @@ def test_while_no_cycle_runs_events_are_not_queued_and_the_next_tick_queues_the_
     queues one copy, which brings the cache to every pod watched meanwhile."""
     inf, cache, state = informer(active=False)
     for i in range(3):
-        inf.handle({"type": "ADDED", "object": pod(f"j-{i}", str(10 + i))}, "1")
-    inf.handle({"type": "DELETED", "object": pod("j-1", "11")}, "2")
+        inf.handle({"type": "ADDED", "object": pod(f"j-{i}", str(10 + i))})
+    inf.handle({"type": "DELETED", "object": pod("j-1", "11", version="20")})
     assert cache.queued == 0 and inf.stale
     state[0] = True
     inf.queue_if_stale()
@@ -85,25 +91,74 @@ def test_while_no_cycle_runs_events_are_not_queued_and_the_next_tick_queues_the_
     assert set(cache.pods) == {("ml", "j-0"), ("ml", "j-2")}
 
 
-def test_the_run_loop_lists_again_after_a_410_and_retries_other_failures_from_its_version():
+class ScriptedCore:
+    """`list_pod_for_all_namespaces` as the API server answers, from a script: a LIST page, a
+    watch stream (lines; an exception ends it), or an exception raised at once."""
+
+    def __init__(self, inf: PodInformer, script: list[Any]):
+        self.inf, self.script, self.calls = inf, list(script), []
+
+    def list_pod_for_all_namespaces(self, watch: bool = False, resource_version: str | None = None, **_: Any):
+        self.calls.append(f"watch {resource_version}" if watch else "list")
+        if not self.script:
+            self.inf.stop()
+            return Stream([])
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+class Stream:
+    def __init__(self, lines: list[Any], data: bytes = b""):
+        self.lines, self.data = lines, data
+
+    def stream(self, amt: Any = None, decode_content: bool = False):
+        for line in self.lines:
+            if isinstance(line, Exception):
+                raise line
+            yield (line + "\n").encode()
+
+    def close(self) -> None: ...
+
+    def release_conn(self) -> None: ...
+
+
+def listing(version: str) -> Stream:
+    return Stream([], data=f'{{"metadata": {{"resourceVersion": "{version}"}}, "items": []}}'.encode())
+
+
+def event(kind: str, version: str) -> str:
+    import json
+
+    return json.dumps({"type": kind, "object": pod("j-0", "u1", version=version)})
+
+
+def run(script: list[Any]) -> tuple[list[str], list[float]]:
     inf, _, _ = informer()
-    calls: list[str] = []
-    script = iter(["list", Gone("expired"), "list", RuntimeError("connection reset"), "stop"])
-
-    def listing() -> str:
-        calls.append("list")
-        assert next(script) == "list"
-        return f"v{len(calls)}"
-
-    def watching(version: str) -> str:
-        calls.append(f"watch {version}")
-        step = next(script)
-        if step == "stop":
-            inf.stop()
-            return version
-        raise step
-
-    inf.list, inf.watch = listing, watching  # type: ignore[method-assign]
-    inf._wait = lambda seconds: False  # no real sleep between retries
+    core = ScriptedCore(inf, script)
+    inf.core = core  # type: ignore[assignment]
+    waits: list[float] = []
+    inf._wait = lambda seconds: waits.append(seconds) or False  # no real sleep between retries
     inf.run()
-    assert calls == ["list", "watch v1", "list", "watch v3", "watch v3"]
+    return core.calls, waits
+
+
+def test_a_watch_that_breaks_resumes_from_the_last_version_it_saw_not_where_it_began():
+    bookmark = '{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "150"}}}'
+    calls, waits = run([listing("100"), Stream([event("ADDED", "120"), bookmark, ConnectionResetError("reset")])])
+    assert calls[:3] == ["list", "watch 100", "watch 150"]
+    assert waits == [0.2]
+
+
+def test_a_410_lists_again_whether_an_error_event_or_the_answer_itself():
+    gone_event = '{"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}'
+    calls, waits = run([listing("100"), Stream([gone_event]), listing("200"), ApiException(status=410), listing("300")])
+    assert calls[:6] == ["list", "watch 100", "list", "watch 200", "list", "watch 300"]
+    assert waits == [], "no back-off for an expired version: listing is the way on"
+
+
+def test_a_watch_that_ends_at_once_empty_is_backed_off_not_reopened_in_a_tight_loop():
+    calls, waits = run([listing("100"), Stream([]), Stream([]), Stream([])])
+    assert calls[:4] == ["list", "watch 100", "watch 100", "watch 100"]
+    assert waits[:3] == [0.2, 0.5, 1.0]

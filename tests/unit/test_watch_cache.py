@@ -249,6 +249,29 @@ def test_a_listing_of_one_kind_supersedes_that_kinds_events_only():
     assert set(cache.supernodes) == {"nvl72-0000"}, "a pods' listing leaves other tables alone"
 
 
+def test_a_deletion_a_listing_supersedes_still_leaves_the_pods_final_state():
+    """The DELETED event's view (a drain's DisruptionTarget) is what tells a drain from a crash,
+    not the older view the cache held when the listing dropped the pod."""
+    cache = WatchCache()
+    meta = {
+        "name": "j-0",
+        "namespace": "x",
+        "uid": "p1",
+        "ownerReferences": [owner_reference("TrainingJob", "j", "uid-j")],
+    }
+    cache.feed("pod", ("x", "j-0"), pod_view({"metadata": meta, "status": {"phase": "Running"}}))
+    cache.drain()
+    drained = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    final = pod_view(
+        {"metadata": {**meta, "deletionTimestamp": "2026-05-01T00:00:00Z"}, "status": {"conditions": [drained]}}
+    )
+    cache.feed("pod", ("x", "j-0"), Deleted(final))
+    cache.resync(ClusterState(), kinds=("pod",))
+    cache.drain()
+    assert ("x", "j-0") not in cache.pods
+    assert cache.departed[("x", "j-0")].disruption == "EvictionByEvictionAPI"
+
+
 def test_a_listing_given_to_a_cycle_that_could_not_run_waits_for_the_next_one():
     cluster = FakeCluster("nvl72", 1)
     controller = Controller(cluster, FixedClock(NOW))

@@ -1,9 +1,13 @@
 """kopf wiring: watch events feed the controller's incremental cache; timers drive the cycle.
 
+Pods are not kopf's: at 5,004 nodes its per-event machinery was most of the operator's CPU while
+a 4,096-pod gang started, so the pod informer (k8s/informer.py) lists and watches them in a thread
+of its own, and no tick runs a cycle before its first listing. Everything else stays kopf's.
+
 The kopf indices stay: kopf starts no timer before every index has its first listing, so the first
 cycle starts from a full copy of them and never sees half a cluster; every `resync_seconds` the
-cache is brought to a fresh copy by difference, in case an event was lost. A copy cannot repair one
-kind of loss: kopf keeps in its indices an object deleted while its watch was down (after a 410
+cache is brought to a fresh copy by difference (the pods copied from the informer's table), in
+case an event was lost. A copy cannot repair one kind of loss: kopf keeps in its indices an object deleted while its watch was down (after a 410
 Gone or a peering pause it lists again, and removes nothing the list lacks); `audit_indices` finds
 those with a LIST of its own. Watch events reach the cache through `on.event` handlers (`feed_*`),
 never from the index functions: kopf stores an index function's result only after the function
@@ -254,8 +258,9 @@ async def audit_indices(controller: Controller, before: ClusterState, kinds: set
     listed (metadata only) and what the indices held before that LIST began but the LIST lacks is
     forgotten (`WatchCache.forget`): it was deleted by the time the LIST was served. `before` is a
     copy of the indices made on the event loop as the LIST begins. Only the kinds kopf listed
-    again since the last audit (`kinds`, from `_feed`) are listed: a LIST of every pod of a large
-    cluster is not free, and without a re-list nothing can be left behind."""
+    again since the last audit (`kinds`, from `_feed`) are listed: a LIST of every node of a large
+    cluster is not free, and without a re-list nothing can be left behind. Pods need none: the
+    informer's own LIST replaces its table (k8s/informer.py)."""
     try:
         listed = await asyncio.to_thread(lambda: {kind: controller.api.list_keys(kind) for kind in kinds})
     except Exception as e:  # the next audit tries again; the cache is no worse than before

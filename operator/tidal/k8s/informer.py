@@ -29,13 +29,16 @@ gap queues a copy of the table instead (`queue_if_stale`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from tidal.k8s.state import ClusterState, PodView, pod_view, tidal_controller
@@ -44,8 +47,13 @@ from tidal.k8s.watch import Deleted, WatchCache
 log = structlog.get_logger("tidal")
 
 LIST_PAGE = 500
+LIST_READ_TIMEOUT_SECONDS = 60
 WATCH_SERVER_TIMEOUT_SECONDS = 300
 """How long the API server keeps one watch open; it is opened again from the last version seen."""
+WATCH_READ_TIMEOUT_SECONDS = 150
+"""A watch silent this long is taken for dead (bookmarks come about every minute) and opened again."""
+SHORT_WATCH_SECONDS = 1.0
+"""A watch that ends sooner with nothing in it counts as a failure (backed off)."""
 RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 """Waits before trying again after a failed LIST or watch, growing while failures repeat."""
 
@@ -63,6 +71,11 @@ def interesting_pod(body: dict[str, Any]) -> bool:
         if any("/" in k for k in {**(res.get("limits") or {}), **(res.get("requests") or {})}):
             return True
     return False
+
+
+def _gone_or(error: ApiException) -> Exception:
+    """A 410 answer (the version or continue token expired) is Gone; anything else as it came."""
+    return Gone(str(error.reason)) if error.status == 410 else error
 
 
 def _key(body: dict[str, Any]) -> tuple[str, str]:
@@ -96,29 +109,44 @@ class PodInformer:
         self.stale = False
         """The cache lacks events (or a listing) this table has: fed while nobody drained."""
         self._active = active
+        self.version: str | None = None
+        """Where the watch resumes: the last event's or bookmark's resourceVersion (None: list)."""
         self.listings = 0
         self.events = 0
+        self.bookmarks = 0
         self._thread: threading.Thread | None = None
+        self._response: Any = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="tidal-pod-informer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop after the current read: the open watch is closed, so a blocked read ends now."""
         self.stopping.set()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.close()
 
     def run(self) -> None:
         failures = 0
-        version: str | None = None
         while not self.stopping.is_set():
             try:
-                if version is None:
-                    version = self.list()
-                version = self.watch(version)
+                if self.version is None:
+                    self.list()
+                started, events = time.monotonic(), self.events + self.bookmarks
+                self.watch()
+                if self.stopping.is_set():
+                    return
+                if self.events + self.bookmarks == events and time.monotonic() - started < SHORT_WATCH_SECONDS:
+                    # Ended at once with nothing in it (a proxy or a server going down): not a
+                    # loop of requests as fast as they return.
+                    raise RuntimeError("the watch ended at once, empty")
                 failures = 0
-            except Gone:  # also what a continue token that expired mid-LIST gets: listed afresh
-                log.info("pod watch expired (410 Gone): listing again")
-                version = None
+            except Gone as e:
+                log.info("pod watch expired (410 Gone): listing again", error=str(e)[:200])
+                self.version = None
             except Exception as e:  # a dropped connection, a refused LIST: try again, never die
                 delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
                 failures += 1
@@ -126,24 +154,26 @@ class PodInformer:
                 if self._wait(delay):
                     return
 
-    def list(self) -> str:
-        """Every pod now, one consistent snapshot in pages; queued as the pods' listing. Returns
-        the snapshot's resourceVersion, where the watch starts."""
-        pods: dict[tuple[str, str], Any] = {}
+    def list(self) -> None:
+        """Every pod now, one consistent snapshot in pages, queued as the pods' listing; the
+        watch starts at its resourceVersion. An expired continue token is a 410: listed afresh."""
+        pods: dict[tuple[str, str], PodView] = {}
         token: str | None = None
         while True:
-            page = self.core.list_pod_for_all_namespaces(
-                limit=LIST_PAGE,
-                _continue=token,
-                _preload_content=False,
-                _request_timeout=(self.connect_timeout, 60),
-            )
-            if not 200 <= page.status < 300:
-                raise RuntimeError(f"pod LIST refused: HTTP {page.status}")
+            try:
+                page = self.core.list_pod_for_all_namespaces(
+                    limit=LIST_PAGE,
+                    _continue=token,
+                    _preload_content=False,
+                    _request_timeout=(self.connect_timeout, LIST_READ_TIMEOUT_SECONDS),
+                )
+            except ApiException as e:
+                raise _gone_or(e) from e
             body = json.loads(page.data)
             for item in body.get("items") or []:
-                if interesting_pod(item):
-                    pods[_key(item)] = pod_view(item)
+                view = self._view(item)
+                if view is not None:
+                    pods[_key(item)] = view
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -154,69 +184,91 @@ class PodInformer:
                 self.cache.resync(ClusterState(pods=dict(pods)), kinds=("pod",))
             else:
                 self.stale = True
+        self.version = str(meta.get("resourceVersion") or "")
         self.listings += 1
         self.synced.set()
-        log.info("pods listed", pods=len(pods), resource_version=meta.get("resourceVersion"))
-        return str(meta.get("resourceVersion") or "")
+        log.info("pods listed", pods=len(pods), resource_version=self.version)
 
-    def watch(self, version: str, timeout_seconds: int = WATCH_SERVER_TIMEOUT_SECONDS) -> str:
-        """Feed events from `version` until the server ends the watch; returns the last version
-        seen (a bookmark's or an object's). Raises Gone when `version` has expired."""
-        response = self.core.list_pod_for_all_namespaces(
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_seconds,
-            _preload_content=False,
-            _request_timeout=(self.connect_timeout, timeout_seconds + 30),
-        )
+    def watch(self, timeout_seconds: int = WATCH_SERVER_TIMEOUT_SECONDS) -> None:
+        """Feed events from `self.version` until the server ends the watch, moving the version
+        with every event and bookmark, so a watch that breaks resumes where it was (not where it
+        began: that would replay old states over newer ones). Raises Gone when it has expired."""
         try:
-            if response.status == 410:
-                raise Gone(response.data.decode(errors="replace")[:200])
-            if not 200 <= response.status < 300:
-                raise RuntimeError(f"watch refused: HTTP {response.status}")
+            response = self.core.list_pod_for_all_namespaces(
+                watch=True,
+                resource_version=self.version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_seconds,
+                _preload_content=False,
+                # Bookmarks come about every minute: a connection silent for longer is dead.
+                _request_timeout=(self.connect_timeout, WATCH_READ_TIMEOUT_SECONDS),
+            )
+        except ApiException as e:
+            raise _gone_or(e) from e
+        self._response = response
+        try:
             for line in iter_resp_lines(response):
                 if self.stopping.is_set():
                     break
                 if line:
-                    version = self.handle(json.loads(line), version)
+                    self.handle(json.loads(line))
         finally:
+            self._response = None
+            response.close()
             response.release_conn()
-        return version
 
-    def handle(self, event: dict[str, Any], version: str) -> str:
-        """One watch event into the cache; returns the version to resume from."""
+    def handle(self, event: dict[str, Any]) -> None:
+        """One watch event into the table and the cache; moves `self.version` past it."""
         kind, body = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             if body.get("code") == 410:
                 raise Gone(body.get("message") or "")
             raise RuntimeError(f"watch error: {body.get('message') or body}")
-        version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+        version = (body.get("metadata") or {}).get("resourceVersion")
         if kind == "BOOKMARK":
-            return version
+            self.bookmarks += 1
+            self.version = str(version or self.version)
+            return
         self.events += 1
+        self._apply(kind, body)
+        self.version = str(version or self.version)
+
+    def _apply(self, kind: object, body: dict[str, Any]) -> None:
         key = _key(body)
-        wanted = interesting_pod(body)
-        if not wanted and key not in self.pods:
-            return version
-        view = pod_view(body)
+        view = self._view(body)
+        if view is None and key not in self.pods:
+            return
         with self.lock:
             held = self.pods.get(key)
-            if kind == "DELETED" or not wanted:  # deleted, or no longer one of ours nor holding accelerators
-                if held is not None and held.uid == view.uid:
+            fed: PodView | Deleted | None
+            if kind == "DELETED":
+                if held is not None and view is not None and held.uid == view.uid:
                     del self.pods[key]
-                fed: PodView | Deleted = Deleted(view)
+                fed = Deleted(view) if view is not None else None
+            elif view is None:  # no longer one of ours nor holding accelerators: out, no uid remembered
+                del self.pods[key]
+                fed = None
             else:
-                # A late event of a pod replaced under its name never takes the name back (the
-                # cache applies the same rule: `WatchCache._upsert_pod`).
-                if held is None or held.uid == view.uid or not (view.terminating and not held.terminating):
-                    self.pods[key] = view
+                self.pods[key] = view
                 fed = view
             if self._active():
                 self.cache.feed("pod", key, fed)
             else:
                 self.stale = True
-        return version
+
+    def _view(self, body: dict[str, Any]) -> PodView | None:
+        """The pod's view if it is one the cache holds, else None. An object the view cannot be
+        made of is logged and skipped: one bad pod must not stop the watch for good."""
+        try:
+            return pod_view(body) if interesting_pod(body) else None
+        except Exception as e:
+            meta = body.get("metadata") or {}
+            log.error(
+                "pod skipped: its view cannot be made",
+                pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                error=str(e)[:200],
+            )
+            return None
 
     def queue_if_stale(self) -> None:
         """On a tick: if events went unqueued since the last one, queue a copy of the table (it

@@ -17,11 +17,12 @@ truth before it starts. `capacity_version` moves whenever any node's free GPUs g
 job that did not fit need not be tried again until it moves (the Kueue "inadmissible until the
 cluster changes" rule).
 
-Events are fed from kopf handlers on the event loop (`feed`: an append) and applied by the cycle
-thread (`drain`), so the event loop never waits for a cycle and the cycle never sees a half-applied
-change. A full listing (`resync`) is queued like an event, never applied on the loop: whichever
-cycle drains it brings the cache to it and then applies only the events fed after it, so no event
-is lost when that cycle is skipped or late.
+Events are fed from kopf handlers on the event loop and, for pods, from the pod informer's thread
+(k8s/informer.py) (`feed`: an append), and applied by the cycle thread (`drain`), so neither waits
+for a cycle and the cycle never sees a half-applied change. A listing (`resync`: every kind, or the
+pods alone) is queued like an event, never applied where it is made: whichever cycle drains it
+brings those tables to it and then applies only their events fed after it, so no event is lost
+when that cycle is skipped or late.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class Deleted:
     """A pod's deletion as watched: its final view (`WatchCache.feed`)."""
 
     last: PodView
+
+
+def _tells_a_drain(pod: PodView) -> bool:
+    """A TrainingJob pod's last view worth keeping once it is gone (`WatchCache.departed`)."""
+    return bool(pod.disruption) and pod.owner is not None and pod.owner[0] == "TrainingJob"
 
 
 class WatchCache:
@@ -116,10 +122,10 @@ class WatchCache:
 
     # -- feeding (any thread) and draining (the cycle's thread) ---------------------------
     def feed(self, kind: str, key: Any, view: Any) -> None:
-        """Record a watch event: `view` is the new object, None when it was deleted, or for a
-        pod `Deleted(final view)`: kopf handles each object (uid) apart, so the deletion of a pod
-        can reach the cache after its successor under the same name was added (a rank made again
-        at once), and must not remove that one."""
+        """Record a watch event: `view` is the new object, None when it was deleted (or a pod is
+        no longer one the cache holds), or for a pod `Deleted(final view)`: the deletion removes
+        that pod (uid) only, never a successor under its name (a rank made again at once), and
+        its final state is what tells a drain from a crash (`departed`)."""
         self._events.append((kind, key, view))
 
     def resync(self, state: ClusterState, kinds: Iterable[str] = TABLES) -> None:
@@ -156,6 +162,7 @@ class WatchCache:
             elif kind is _LISTING:
                 latest.update(dict.fromkeys(key, i))
         applied = 0
+        finals: dict[tuple[str, str], PodView] = {}
         for i, (kind, key, view) in enumerate(batch):
             if kind is _LISTING:
                 kinds = {k for k in key if latest[k] == i}
@@ -163,12 +170,17 @@ class WatchCache:
                     self.sync(view, kinds)
                 continue
             if i < latest.get(key[0] if kind is _FORGET else kind, -1):
+                if isinstance(view, Deleted):  # the listing lacks the pod: its final state is this
+                    finals[key] = view.last
                 continue  # superseded by a later listing of its kind
             applied += 1
             if kind is not _FORGET:
                 self.apply(kind, key, view)
             elif getattr(self, TABLES[key[0]]).get(key[1]) == view:  # an equal update keeps the cache's older object
                 self.apply(key[0], key[1], None)
+        for key, last in finals.items():
+            if key not in self.pods and _tells_a_drain(last):
+                self.departed[key] = last  # not the older view the cache held when the listing removed it
         return applied
 
     def apply(self, kind: str, key: Any, view: Any) -> None:
@@ -321,7 +333,7 @@ class WatchCache:
         if view is None:
             self.pods.pop(key, None)
             # Only what tells it from a crash: kept for every deleted pod, it would grow with churn.
-            if old is not None and old.disruption and old.owner is not None and old.owner[0] == "TrainingJob":
+            if old is not None and _tells_a_drain(old):
                 self.departed[key] = old
         else:
             self.departed.pop(key, None)
