@@ -7,15 +7,16 @@ of its own, and no tick runs a cycle before its first listing. Everything else s
 The kopf indices stay: kopf starts no timer before every index has its first listing, so the first
 cycle starts from a full copy of them and never sees half a cluster; every `resync_seconds` the
 cache is brought to a fresh copy by difference (the pods copied from the informer's table), in
-case an event was lost. A copy cannot repair one kind of loss: kopf keeps in its indices an object deleted while its watch was down (after a 410
-Gone or a peering pause it lists again, and removes nothing the list lacks); `audit_indices` finds
-those with a LIST of its own. Watch events reach the cache through `on.event` handlers (`feed_*`),
-never from the index functions: kopf stores an index function's result only after the function
-returns (it runs in a thread), so an event fed from there could be queued before a copy of the
-indices that lacks it, and be dropped with everything the copy supersedes. A handler runs after
-kopf stored the event in the index, on the event loop, where the copies are made too: an event
-queued before a copy is in it. The index function leaves its view in the object's memo, so the
-handler feeds the very object the index holds.
+case an event was lost. A copy cannot repair one kind of loss: kopf keeps in its indices an object
+deleted while its watch was down (after a 410 Gone or a peering pause it lists again, and removes
+nothing the list lacks); `audit_indices` finds those with a LIST of its own. Watch events reach
+the cache through `on.event` handlers (`feed_*`), never from the index functions: kopf stores an
+index function's result only after the function returns (it runs in a thread), so an event fed
+from there could be queued before a copy of the indices that lacks it, and be dropped with
+everything the copy supersedes. A handler runs after kopf stored the event in the index, on the
+event loop, where the copies are made too: an event queued before a copy is in it. The index
+function leaves its view in the object's memo, so the handler feeds the very object the index
+holds.
 
 The copy is queued like an event (`WatchCache.resync`) and applied by whichever cycle drains it, in
 the cycle's worker thread; the event loop (watches, probes, peering) never waits for planning.
