@@ -160,15 +160,7 @@ class PodInformer:
         pods: dict[tuple[str, str], PodView] = {}
         token: str | None = None
         while True:
-            try:
-                page = self.core.list_pod_for_all_namespaces(
-                    limit=LIST_PAGE,
-                    _continue=token,
-                    _preload_content=False,
-                    _request_timeout=(self.connect_timeout, LIST_READ_TIMEOUT_SECONDS),
-                )
-            except ApiException as e:
-                raise _gone_or(e) from e
+            page = self._pods(LIST_READ_TIMEOUT_SECONDS, limit=LIST_PAGE, _continue=token)
             body = json.loads(page.data)
             for item in body.get("items") or []:
                 view = self._view(item)
@@ -193,18 +185,14 @@ class PodInformer:
         """Feed events from `self.version` until the server ends the watch, moving the version
         with every event and bookmark, so a watch that breaks resumes where it was (not where it
         began: that would replay old states over newer ones). Raises Gone when it has expired."""
-        try:
-            response = self.core.list_pod_for_all_namespaces(
-                watch=True,
-                resource_version=self.version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_seconds,
-                _preload_content=False,
-                # Bookmarks come about every minute: a connection silent for longer is dead.
-                _request_timeout=(self.connect_timeout, WATCH_READ_TIMEOUT_SECONDS),
-            )
-        except ApiException as e:
-            raise _gone_or(e) from e
+        # Bookmarks come about every minute: a connection silent for longer is dead.
+        response = self._pods(
+            WATCH_READ_TIMEOUT_SECONDS,
+            watch=True,
+            resource_version=self.version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+        )
         self._response = response
         try:
             for line in iter_resp_lines(response):
@@ -216,6 +204,15 @@ class PodInformer:
             self._response = None
             response.close()
             response.release_conn()
+
+    def _pods(self, read_timeout: float, **query: Any) -> Any:
+        """GET every pod, unparsed (a LIST page, or a watch's stream); a 410 answer is Gone."""
+        try:
+            return self.core.list_pod_for_all_namespaces(
+                _preload_content=False, _request_timeout=(self.connect_timeout, read_timeout), **query
+            )
+        except ApiException as e:
+            raise _gone_or(e) from e
 
     def handle(self, event: dict[str, Any]) -> None:
         """One watch event into the table and the cache; moves `self.version` past it."""
