@@ -326,7 +326,8 @@ WARM_UP_MARKS = (
     ("peering_resumed", lambda e: e.startswith("Resuming operations after the pause")),
     ("last_listing_received", lambda e: e == "startup gate: listing received"),
     ("startup_gate_open", lambda e: e == "startup gate open: every listed object indexed"),
-    ("pods_listed", lambda e: e == "pods listed"),  # the pod informer's first listing (k8s/informer.py)
+    ("pods_listed", lambda e: e == "pods listed"),  # the informers' first listings (k8s/informer.py)
+    ("nodes_listed", lambda e: e == "nodes listed"),
     ("first_tick", lambda e: e == "first tick: timers running"),
 )
 

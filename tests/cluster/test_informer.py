@@ -1,6 +1,6 @@
-"""The pod informer (k8s/informer.py) against the real API server: its first LIST is one listing
-of the GPU and tidal pods (no others), the watch from that LIST's version brings creates and
-deletes.
+"""The pod and node informers (k8s/informer.py) against the real API server: the pods' first LIST
+is one listing of the GPU and tidal pods (no others), the nodes' of every node; the watch from
+that LIST's version brings creates, changes and deletes.
 
 A 410 Gone (the run loop lists again: tests/unit/test_informer.py) cannot be had here on demand:
 the API server's watch cache answers a watch from a version older than its window's start with the
@@ -13,7 +13,7 @@ import pytest
 
 from tidal.k8s import informer as informer_module
 from tidal.k8s.api import load_client
-from tidal.k8s.informer import PodInformer
+from tidal.k8s.informer import NODES, PODS, Informer
 from tidal.k8s.watch import WatchCache
 
 from .kube import Kube, eventually
@@ -44,7 +44,7 @@ def test_the_pod_informer_lists_in_pages_then_watches_creates_and_deletes(
     kube.apply(pod("before", namespace, 1), pod("web", namespace, 0), pod("also", namespace, 1))
     monkeypatch.setattr(informer_module, "LIST_PAGE", 1)  # one pod a page: the continue tokens are used
     cache = WatchCache()
-    informer = PodInformer(load_client(str(kube.kubeconfig)), cache, active=lambda: True)
+    informer = Informer(load_client(str(kube.kubeconfig)), cache, active=lambda: True, watched=PODS)
     informer.start()
     try:
         assert informer.synced.wait(30)
@@ -56,3 +56,36 @@ def test_the_pod_informer_lists_in_pages_then_watches_creates_and_deletes(
         assert informer.listings == 1 and informer.events >= 2
     finally:
         informer.stop()
+
+
+def test_the_node_informer_lists_every_node_then_watches_a_change_a_create_and_a_delete(kube: Kube):
+    """A node without accelerators (no capacity for the other tests), made and removed here; the
+    discovery hook sees every node of the listing and each watched change."""
+    nodes = {n["metadata"]["name"] for n in kube.get("nodes")["items"]}
+    cache, hooked = WatchCache(), []
+    informer = Informer(
+        load_client(str(kube.kubeconfig)),
+        cache,
+        active=lambda: True,
+        watched=NODES,
+        on_object=lambda body, view: hooked.append(view.name),
+    )
+    name = "tidal-informer-test"
+    informer.start()
+    try:
+        assert informer.synced.wait(30)
+        cache.drain()
+        assert set(cache.nodes) == nodes
+        eventually(lambda: set(hooked) == nodes, timeout=30, what="the hook told of every node listed")
+        kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"rack": "a"}}})
+        eventually(lambda: cache.drain() >= 0 and name in cache.nodes, timeout=30, what="a node created")
+        kube.run("label", "node", name, "rack=b", "--overwrite")
+        eventually(
+            lambda: cache.drain() >= 0 and cache.nodes[name].labels.get("rack") == "b", timeout=30, what="a label"
+        )
+        kube.delete("node", name)
+        eventually(lambda: cache.drain() >= 0 and name not in cache.nodes, timeout=30, what="a node deleted")
+        assert informer.listings == 1 and name in hooked
+    finally:
+        informer.stop()
+        kube.delete("node", name)

@@ -291,5 +291,5 @@ class FakeCluster:
         self._log("create_supernode", name)
         return False
 
-    def event(self, kind, namespace, name, uid, reason, message, warning=False) -> None:
+    def event(self, kind, namespace, name, uid, reason, message, warning=False, api_version=None) -> None:
         self._log("event", (name, reason, message))

@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import json
+import types
 from typing import Any
 
 import kopf
@@ -19,9 +21,9 @@ from kubernetes import client
 from tidal.clock import FixedClock
 from tidal.k8s import handlers
 from tidal.k8s.controller import Controller, ControllerSettings
-from tidal.k8s.informer import PodInformer
-from tidal.k8s.state import NodeView, ResourceView
-from tidal.k8s.supernodes import DEFAULT_ACCELERATORS
+from tidal.k8s.informer import NODES, PODS, Informer, Informers
+from tidal.k8s.state import NodeView, ResourceView, resource_view
+from tidal.k8s.supernodes import Discovery
 
 from .fake_cluster import FakeCluster
 from .kopf_sim import MiniKopf
@@ -55,19 +57,39 @@ def object_body(view: ResourceView) -> dict[str, Any]:
     }
 
 
-def setup(supernodes: int, **settings: Any) -> tuple[FakeCluster, Controller, MiniKopf, list[dict[str, Any]]]:
+def setup(
+    supernodes: int, discover_label: str | None = None, **settings: Any
+) -> tuple[FakeCluster, Controller, MiniKopf, list[dict[str, Any]]]:
     cluster = FakeCluster("nvl72", supernodes)
     controller = Controller(cluster, FixedClock(NOW), ControllerSettings(**{"min_cycle_seconds": 0.0, **settings}))
-    informer = PodInformer(client.ApiClient(), controller.cache, active=controller.ticking)
-    informer.synced.set()  # the pods' first listing (none): pods come through `informer.handle`
-    sim = MiniKopf(controller=controller, pod_informer=informer, discover_label=None, accelerators=DEFAULT_ACCELERATORS)
+    discovery = Discovery(cluster, discover_label) if discover_label else None  # type: ignore[arg-type]
+    informers = Informers(
+        pods=Informer(client.ApiClient(), controller.cache, active=controller.ticking, watched=PODS),
+        nodes=Informer(
+            client.ApiClient(),
+            controller.cache,
+            active=controller.ticking,
+            watched=NODES,
+            on_object=discovery.node if discovery else None,
+        ),
+    )
+    # The first listings (none): pods and nodes come through `handle` (`list_nodes`, watch events).
+    informers.pods.synced.set()
+    informers.nodes.synced.set()
+    sim = MiniKopf(controller=controller, informers=informers, discovery=discovery)
     bodies = [object_body(v) for (kind, _, _), v in sorted(cluster.objects.items()) if kind == "Supernode"]
     return cluster, controller, sim, bodies
 
 
 async def list_nodes(cluster: FakeCluster, sim: MiniKopf) -> None:
+    """The nodes as the node informer's watch brings them (it queues only once timers run: the
+    first tick's copy of its table has them)."""
     for view in cluster.nodes.values():
-        await sim.event("nodes", node_body(view))
+        node_event(sim, node_body(view))
+
+
+def node_event(sim: MiniKopf, body: dict[str, Any], type: str = "ADDED") -> None:
+    sim.base.informers.nodes.handle({"type": type, "object": body})
 
 
 def gpus_total(cluster: FakeCluster, name: str) -> int | None:
@@ -169,7 +191,7 @@ def test_a_failing_cycle_is_an_error_restarts_from_a_listing_and_fails_healthz()
         # A bad event makes the drain fail halfway: what was queued with it is lost to the cache.
         node = next(iter(cluster.nodes.values()))
         controller.cache.feed("no-such-kind", "x", None)
-        await sim.event("nodes", node_body(dataclasses.replace(node, ready=False)))
+        node_event(sim, node_body(dataclasses.replace(node, ready=False)), "MODIFIED")
         await sim.tick("supernodes", first)
         assert controller.cycles == cycles and controller.failures == 1
         assert any(e["event"] == "cycle failed" and e["log_level"] == "error" for e in logs)
@@ -216,18 +238,20 @@ def test_the_first_tick_after_a_start_is_logged_once():
     assert [e["event"] for e in logs].count("first tick: timers running") == 1
 
 
-def test_no_cycle_runs_before_the_pods_first_listing():
-    """A cycle before it would see a cluster without pods: every GPU free, every gang's pods
-    missing (k8s/informer.py)."""
+@pytest.mark.parametrize("kind", ["pods", "nodes"])
+def test_no_cycle_runs_before_the_first_listing_of_pods_and_of_nodes(kind: str):
+    """A cycle before it would see half a cluster: without pods every GPU free and every gang's
+    pods missing; without nodes every placement lost (k8s/informer.py)."""
     cluster, controller, sim, (first,) = setup(1)
-    sim.base.pod_informer.synced.clear()
+    informer = getattr(sim.base.informers, kind)
+    informer.synced.clear()
 
     async def scenario() -> None:
         await list_nodes(cluster, sim)
         await sim.event("supernodes", first)
         await sim.tick("supernodes", first)
         assert controller.cycles == 0 and not controller.last_tick
-        sim.base.pod_informer.synced.set()
+        informer.synced.set()
         await sim.tick("supernodes", first)
         assert controller.cycles == 1
 
@@ -250,54 +274,79 @@ async def audit(controller: Controller, sim: MiniKopf, body: dict[str, Any]) -> 
     await sim.tick("supernodes", body)
 
 
-def test_a_node_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
+def test_a_supernode_deleted_while_the_watch_was_down_is_dropped_and_stays_dropped():
     """kopf lists again after a 410 Gone or a peering pause and keeps in its index what the new
     list lacks: the audit's LIST finds it gone, the cache forgets it (though the cache holds an
     older, equal view of it than the index), it is reported once, the next copy of the indices
-    (which still hold it) does not bring it back, and a new node of that name does come back."""
+    (which still hold it) does not bring it back, and a new Supernode of that name does come back."""
     cluster, controller, sim, (first, second) = setup(2)
 
     async def scenario() -> None:
         await running(cluster, sim, first, second)
-        assert gpus_total(cluster, "nvl72-0000") == 72
-        gone = next(
-            n for n in sorted(cluster.nodes) if cluster.nodes[n].labels.get("tidal.dev/supernode") == "nvl72-0000"
-        )
-        # a heartbeat (a watch event, not a re-list): an equal view, a new object
-        await sim.event("nodes", node_body(cluster.nodes[gone]), type="MODIFIED")
+        await sim.event("supernodes", second, type="MODIFIED")  # a watch event, not a re-list
         await sim.tick("supernodes", first)
-        view = cluster.nodes.pop(gone)  # deleted while the watch was down: no DELETED event, ever
+        del cluster.objects[("Supernode", None, "nvl72-0001")]  # deleted while the watch was down
         controller._next_audit = float("inf")
-        await list_nodes(cluster, sim)  # kopf's list after the 410: the others again, as type None
-        assert controller.relisted == {"node"}
+        await sim.event("supernodes", first)  # kopf's list after the 410: the other again, as type None
+        assert controller.relisted == {"supernode"}
 
         controller._next_resync = 0.0  # a copy of the indices: they still hold it
         await sim.tick("supernodes", first)
-        assert gone in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 72
+        assert "nvl72-0001" in controller.cache.supernodes
 
         with structlog.testing.capture_logs() as logs:
             await audit(controller, sim, first)
-        assert gone not in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 68
-        assert [e["objects"] for e in logs if e["event"].startswith("objects deleted")] == [[f"node {gone}"]]
+        assert "nvl72-0001" not in controller.cache.supernodes
+        assert [e["objects"] for e in logs if e["event"].startswith("objects deleted")] == [["supernode nvl72-0001"]]
 
         controller._next_resync = 0.0
         await sim.tick("supernodes", first)
-        assert gone not in controller.cache.nodes, "the copy of the indices did not bring it back"
-        assert gpus_total(cluster, "nvl72-0000") == 68
-        await list_nodes(cluster, sim)  # another re-list, another audit: nothing new to report
+        assert "nvl72-0001" not in controller.cache.supernodes, "the copy of the indices did not bring it back"
+        await sim.event("supernodes", first)  # another re-list, another audit: nothing new to report
         with structlog.testing.capture_logs() as logs:
             await audit(controller, sim, first)
         assert not [e for e in logs if e["event"].startswith("objects deleted")]
 
-        cluster.nodes[gone] = view  # a node of that name joins again: a watch event, a new view
-        await sim.event("nodes", node_body(view))
-        await sim.tick("supernodes", first)
-        assert gpus_total(cluster, "nvl72-0000") == 72
+        again = {**second, "metadata": {**second["metadata"], "uid": "sn-new"}}  # made again: a new object
+        cluster.objects[("Supernode", None, "nvl72-0001")] = resource_view(again)
+        await sim.event("supernodes", again)
         controller._next_resync = 0.0
         await sim.tick("supernodes", first)
-        assert gone in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 72
+        assert "nvl72-0001" in controller.cache.supernodes
 
     asyncio.run(scenario())
+
+
+def test_a_node_deleted_while_the_node_watch_was_down_is_gone_with_the_next_listing():
+    """The node informer's LIST replaces its table (no audit needed): a node that went while no
+    watch ran leaves the cache with the listing, and stays out of the next full copy."""
+    cluster, controller, sim, (first,) = setup(1)
+
+    async def scenario() -> None:
+        await running(cluster, sim, first)
+        assert gpus_total(cluster, "nvl72-0000") == 72
+        gone = sorted(cluster.nodes)[0]
+        cluster.nodes.pop(gone)  # deleted while the watch was down: no DELETED event, ever
+        nodes = sim.base.informers.nodes
+        nodes.core = ListingCore([node_body(v) for v in cluster.nodes.values()])  # type: ignore[assignment]
+        nodes.list()
+        await sim.tick("supernodes", first)
+        assert gone not in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 68
+        controller._next_resync = 0.0
+        await sim.tick("supernodes", first)
+        assert gone not in controller.cache.nodes and gpus_total(cluster, "nvl72-0000") == 68
+
+    asyncio.run(scenario())
+
+
+class ListingCore:
+    """`list_node` answering one LIST page of these nodes."""
+
+    def __init__(self, bodies: list[dict[str, Any]]):
+        self.data = json.dumps({"metadata": {"resourceVersion": "99"}, "items": bodies}).encode()
+
+    def list_node(self, **_: Any) -> Any:
+        return types.SimpleNamespace(data=self.data)
 
 
 def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
@@ -306,8 +355,7 @@ def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
     async def scenario() -> None:
         await running(cluster, sim, first, second)
         nodes = set(controller.cache.nodes)
-        some = next(iter(sorted(cluster.nodes)))
-        await sim.event("nodes", node_body(cluster.nodes[some]), type="MODIFIED")  # a watch event, no re-list
+        await sim.event("supernodes", second, type="MODIFIED")  # a watch event, no re-list
         await audit(controller, sim, first)
         assert not [c for c in cluster.calls if c[0] == "list_keys"], "nothing was listed again: no LIST"
 
@@ -315,24 +363,24 @@ def test_an_audit_lists_only_after_a_re_list_and_survives_a_failed_list():
             raise RuntimeError("503")
 
         cluster.list_keys = refused  # type: ignore[method-assign]
-        await list_nodes(cluster, sim)
+        await sim.event("supernodes", second)  # kopf listed Supernodes again (type None)
         await audit(controller, sim, first)
-        assert set(controller.cache.nodes) == nodes and controller.relisted == {"node"}, "tried again later"
+        assert set(controller.cache.nodes) == nodes and controller.relisted == {"supernode"}, "tried again later"
 
         del cluster.list_keys
         await audit(controller, sim, first)
         assert set(controller.cache.nodes) == nodes and set(controller.cache.supernodes) == {"nvl72-0000", "nvl72-0001"}
-        assert [c for c in cluster.calls if c[0] == "list_keys"] == [("list_keys", "node")], "only the kind re-listed"
+        listed = [c for c in cluster.calls if c[0] == "list_keys"]
+        assert listed == [("list_keys", "supernode")], "only the kind re-listed"
         assert not controller.relisted
 
     asyncio.run(scenario())
 
 
 def test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again():
-    """kopf's index keeps the deleted Supernode; once the audit forgot it, a node that still bears
-    its label creates it again (discovery asked kopf's index alone and never did)."""
-    cluster, controller, sim, (first, second) = setup(2)
-    sim.base.discover_label = "tidal.dev/supernode"
+    """kopf's index keeps the deleted Supernode and no event tells discovery; the audit's LIST
+    does, so a node that still bears its label creates it again."""
+    cluster, controller, sim, (first, second) = setup(2, discover_label="tidal.dev/supernode")
 
     async def scenario() -> None:
         await running(cluster, sim, first, second)
@@ -343,18 +391,53 @@ def test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again():
         def creates() -> list[Any]:
             return [c for c in cluster.calls if c[0] == "create_supernode"]
 
-        before = len(creates())  # the nodes were listed before their Supernodes: the API said AlreadyExists
-        await sim.event("nodes", node_body(cluster.nodes[member]), type="MODIFIED")
-        assert len(creates()) == before, "it exists: nothing to create"
+        assert creates() == [], "the first labelled node's LIST of Supernodes knew both"
+        node_event(sim, node_body(cluster.nodes[member]), "MODIFIED")
+        assert creates() == [], "it exists: nothing to create"
 
         del cluster.objects[("Supernode", None, "nvl72-0000")]  # deleted while the watch was down
         controller._next_audit = float("inf")
         await sim.event("supernodes", second)  # kopf's list after the 410 lacks it
+        node_event(sim, node_body(cluster.nodes[member]), "MODIFIED")
+        assert creates() == [], "nothing said it was deleted yet"
         await audit(controller, sim, second)
         assert "nvl72-0000" not in controller.cache.supernodes
 
-        await sim.event("nodes", node_body(cluster.nodes[member]), type="MODIFIED")
-        assert creates()[before:] == [("create_supernode", "nvl72-0000")]
+        node_event(sim, node_body(cluster.nodes[member]), "MODIFIED")
+        assert creates() == [("create_supernode", "nvl72-0000")]
+
+    asyncio.run(scenario())
+
+
+def test_discovery_creates_a_missing_supernode_once_and_again_after_its_deletion():
+    """Every node of an unknown Supernode's label: one create, logged and told on the node that
+    named it; kopf's DELETED event of that Supernode makes the next node event create it again,
+    even one that changes nothing the cache reads (a heartbeat)."""
+    cluster, _, sim, (first, second) = setup(2, discover_label="tidal.dev/supernode")
+    del cluster.objects[("Supernode", None, "nvl72-0001")]
+    made: list[str] = []
+
+    def create_supernode(name: str, spec: dict[str, Any]) -> bool:
+        made.append(name)
+        assert spec["nodeSelector"] == {"tidal.dev/supernode": name}
+        return True
+
+    cluster.create_supernode = create_supernode  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            await running(cluster, sim, first)
+        assert made == ["nvl72-0001"]
+        assert [e["supernode"] for e in logs if e["event"] == "supernode discovered"] == ["nvl72-0001"]
+        told = [c[1] for c in cluster.calls if c[0] == "event"]
+        assert [(reason, message) for _, reason, message in told] == [
+            ("SupernodeDiscovered", "created Supernode nvl72-0001 from tidal.dev/supernode")
+        ]
+        await sim.event("supernodes", second)
+        await sim.event("supernodes", second, type="DELETED")
+        labelled = [n for n in sorted(cluster.nodes) if cluster.nodes[n].labels["tidal.dev/supernode"] == "nvl72-0001"]
+        node_event(sim, node_body(cluster.nodes[labelled[0]]), "MODIFIED")  # an equal view
+        assert made == ["nvl72-0001"] * 2
 
     asyncio.run(scenario())
 
@@ -389,7 +472,7 @@ def test_a_deleted_pod_leaves_its_final_state_to_tell_a_drain_from_a_crash():
 
     async def scenario() -> None:
         await sim.tick("supernodes", bodies[0])  # timers run: the informer queues its events
-        informer = sim.base.pod_informer
+        informer = sim.base.informers.pods
         informer.handle({"type": "MODIFIED", "object": running})  # the last event before the delete
         informer.handle({"type": "DELETED", "object": pod})
         controller.cache.drain()

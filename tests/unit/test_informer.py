@@ -3,13 +3,16 @@ the LIST and the watch against the real API server are in tests/cluster/test_inf
 
 from __future__ import annotations
 
+import json
+import types
 from typing import Any
 
 import pytest
+import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tidal.k8s.informer import Gone, PodInformer
+from tidal.k8s.informer import NODES, PODS, Gone, Informer
 from tidal.k8s.manifests import owner_reference
 from tidal.k8s.watch import WatchCache
 
@@ -22,10 +25,10 @@ def pod(name: str, uid: str, gpus: int = 0, owned: bool = True, version: str = "
     return {"metadata": meta, "spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]}}
 
 
-def informer(active: bool = True) -> tuple[PodInformer, WatchCache, list[bool]]:
+def informer(active: bool = True) -> tuple[Informer, WatchCache, list[bool]]:
     cache = WatchCache()
     state = [active]
-    return PodInformer(client.ApiClient(), cache, active=lambda: state[0]), cache, state
+    return Informer(client.ApiClient(), cache, active=lambda: state[0], watched=PODS), cache, state
 
 
 def test_events_of_interesting_pods_reach_the_cache_and_others_never_do():
@@ -39,7 +42,7 @@ def test_events_of_interesting_pods_reach_the_cache_and_others_never_do():
     inf.handle({"type": "DELETED", "object": pod("j-0", "10", version="13")})
     inf.handle({"type": "DELETED", "object": pod("web", "11", owned=False, version="14")})
     cache.drain()
-    assert set(cache.pods) == {("ml", "gpu")} == set(inf.pods)
+    assert set(cache.pods) == {("ml", "gpu")} == set(inf.table)
     assert inf.version == "14"
 
 
@@ -48,7 +51,7 @@ def test_a_pod_that_stops_being_interesting_leaves_and_may_come_back():
     inf.handle({"type": "ADDED", "object": pod("j-0", "10")})
     inf.handle({"type": "MODIFIED", "object": pod("j-0", "10", owned=False, version="11")})  # orphaned, no GPU
     cache.drain()
-    assert cache.pods == {} and inf.pods == {}
+    assert cache.pods == {} and inf.table == {}
     inf.handle({"type": "MODIFIED", "object": pod("j-0", "10", version="12")})  # adopted again: not a deleted uid
     cache.drain()
     assert set(cache.pods) == {("ml", "j-0")}
@@ -95,7 +98,7 @@ class ScriptedCore:
     """`list_pod_for_all_namespaces` as the API server answers, from a script: a LIST page, a
     watch stream (lines; an exception ends it), or an exception raised at once."""
 
-    def __init__(self, inf: PodInformer, script: list[Any]):
+    def __init__(self, inf: Informer, script: list[Any]):
         self.inf, self.script, self.calls = inf, list(script), []
 
     def list_pod_for_all_namespaces(self, watch: bool = False, resource_version: str | None = None, **_: Any):
@@ -129,8 +132,6 @@ def listing(version: str) -> Stream:
 
 
 def event(kind: str, version: str) -> str:
-    import json
-
     return json.dumps({"type": kind, "object": pod("j-0", "u1", version=version)})
 
 
@@ -162,3 +163,54 @@ def test_a_watch_that_ends_at_once_empty_is_backed_off_not_reopened_in_a_tight_l
     calls, waits = run([listing("100"), Stream([]), Stream([]), Stream([])])
     assert calls[:4] == ["list", "watch 100", "watch 100", "watch 100"]
     assert waits[:3] == [0.2, 0.5, 1.0]
+
+
+def node(name: str, version: str, ready: bool = True, heartbeat: str = "t0") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": version, "labels": {"rack": "r1"}},
+        "spec": {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "64"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastHeartbeatTime": heartbeat}],
+        },
+    }
+
+
+def node_informer(seen: list[str]) -> tuple[Informer, WatchCache]:
+    cache = WatchCache()
+
+    def hook(body: dict[str, Any], view: Any) -> None:
+        seen.append(view.name)
+
+    return Informer(client.ApiClient(), cache, active=lambda: True, watched=NODES, on_object=hook), cache
+
+
+def test_node_events_reach_the_cache_a_heartbeat_is_not_queued_but_the_hook_sees_it():
+    seen: list[str] = []
+    inf, cache = node_informer(seen)
+    inf.handle({"type": "ADDED", "object": node("n1", "10")})
+    assert cache.queued == 1
+    inf.handle({"type": "MODIFIED", "object": node("n1", "11", heartbeat="t1")})  # nothing the view reads
+    assert cache.queued == 1 and seen == ["n1", "n1"] and inf.version == "11"
+    inf.handle({"type": "MODIFIED", "object": node("n1", "12", ready=False)})
+    cache.drain()
+    assert not cache.nodes["n1"].ready and cache.nodes["n1"].capacity == {"nvidia.com/gpu": 8}
+    inf.handle({"type": "DELETED", "object": node("n1", "13", ready=False)})
+    cache.drain()
+    assert cache.nodes == {} and inf.table == {} and seen == ["n1"] * 3, "a deletion is not shown to the hook"
+
+
+def test_a_node_listing_replaces_the_table_and_a_failing_hook_stops_nothing():
+    def broken(body: dict[str, Any], view: Any) -> None:
+        raise RuntimeError("API down")
+
+    cache = WatchCache()
+    inf = Informer(client.ApiClient(), cache, active=lambda: True, watched=NODES, on_object=broken)
+    inf.handle({"type": "ADDED", "object": node("old", "5")})
+    page = {"metadata": {"resourceVersion": "100"}, "items": [node("n1", "90"), node("n2", "91")]}
+    inf.core = types.SimpleNamespace(list_node=lambda **_: Stream([], data=json.dumps(page).encode()))  # type: ignore[assignment]
+    with structlog.testing.capture_logs() as logs:
+        inf.list()
+    cache.drain()
+    assert set(cache.nodes) == {"n1", "n2"} == set(inf.table) and inf.version == "100" and inf.synced.is_set()
+    assert [e["event"] for e in logs].count("node hook failed") == 2

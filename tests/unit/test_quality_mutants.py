@@ -43,6 +43,8 @@ CONTROLLER = "k8s/controller.py"
 CYCLE = "k8s/cycle.py"
 CYCLE_LOG = "k8s/cycle_log.py"
 RUNNER = "k8s/runner.py"
+INFORMER = "k8s/informer.py"
+HANDLERS = "k8s/handlers.py"
 WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
@@ -119,6 +121,11 @@ SAFETY = {
     ),
     # The container's own process still takes the pod's name.
     RUNNER: ("tests/unit/test_peering_id.py::test_the_containers_own_process_is_the_pod",),
+    # Pods that matter still reach the cache; a failed cycle still restarts from a listing.
+    INFORMER: ("tests/unit/test_informer.py::test_events_of_interesting_pods_reach_the_cache_and_others_never_do",),
+    HANDLERS: (
+        "tests/unit/test_handlers.py::test_a_failing_cycle_is_an_error_restarts_from_a_listing_and_fails_healthz",
+    ),
     # A quiet cluster still logs no cycle summaries.
     CYCLE_LOG: ("tests/unit/test_cycle_log.py::test_quiet_cycles_log_nothing_however_long_the_wait",),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
@@ -1212,6 +1219,27 @@ MUTANTS = [
         "        return self.plan.pod_actions + self.gates_awaited\n",
         "        return self.plan.pod_actions\n",
         "tests/unit/test_gate_ledger.py::test_a_cycle_does_not_lift_again_the_gates_it_lifted_until_the_resend_interval",
+    ),
+    Mutant(
+        "no cycle before the nodes' first listing",
+        INFORMER,
+        "return self.pods.synced.is_set() and self.nodes.synced.is_set()",
+        "return self.pods.synced.is_set()",
+        "tests/unit/test_handlers.py::test_no_cycle_runs_before_the_first_listing_of_pods_and_of_nodes[nodes]",
+    ),
+    Mutant(
+        "a node event that changes nothing the cache reads still reaches discovery",
+        INFORMER,
+        "                fed = _UNCHANGED\n",
+        "                return\n",
+        "tests/unit/test_informer.py::test_node_events_reach_the_cache_a_heartbeat_is_not_queued_but_the_hook_sees_it",
+    ),
+    Mutant(
+        "discovery takes the audit's LIST of Supernodes as what exists",
+        HANDLERS,
+        'discovery.reset(listed["supernode"])',
+        "pass",
+        "tests/unit/test_handlers.py::test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again",
     ),
     Mutant(
         "only the container's own process takes the pod's name as its peering identity",

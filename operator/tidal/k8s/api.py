@@ -543,13 +543,21 @@ class Api:
             raise
 
     def event(
-        self, kind: str, namespace: str | None, name: str, uid: str, reason: str, message: str, warning: bool = False
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        warning: bool = False,
+        api_version: str = f"{API_GROUP}/{API_VERSION}",
     ) -> None:
         ts = dt.datetime.now(dt.UTC)
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace or "default"),
             involved_object=client.V1ObjectReference(
-                api_version=f"{API_GROUP}/{API_VERSION}", kind=kind, name=name, namespace=namespace, uid=uid
+                api_version=api_version, kind=kind, name=name, namespace=namespace, uid=uid
             ),
             reason=reason,
             message=message[:1024],

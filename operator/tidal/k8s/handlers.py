@@ -1,12 +1,13 @@
 """kopf wiring: watch events feed the controller's incremental cache; timers drive the cycle.
 
-Pods are not kopf's: at 5,004 nodes its per-event machinery was most of the operator's CPU while
-a 4,096-pod gang started, so the pod informer (k8s/informer.py) lists and watches them in a thread
-of its own, and no tick runs a cycle before its first listing. Everything else stays kopf's.
+Pods and nodes are not kopf's: at 5,004 nodes its per-event machinery was most of the operator's
+CPU while a 4,096-pod gang started, and of its warm-up, so the informers (k8s/informer.py) list and
+watch them in threads of their own, and no tick runs a cycle before both first listings. Supernode
+discovery rides on the node informer (`supernodes.Discovery`). Everything else stays kopf's.
 
 The kopf indices stay: kopf starts no timer before every index has its first listing, so the first
 cycle starts from a full copy of them and never sees half a cluster; every `resync_seconds` the
-cache is brought to a fresh copy by difference (the pods copied from the informer's table), in
+cache is brought to a fresh copy by difference (pods and nodes copied from the informers' tables), in
 case an event was lost. A copy cannot repair one kind of loss: kopf keeps in its indices an object
 deleted while its watch was down (after a 410 Gone or a peering pause it lists again, and removes
 nothing the list lacks); `audit_indices` finds those with a LIST of its own. Watch events reach
@@ -40,11 +41,11 @@ from tidal import API_GROUP, API_VERSION
 from tidal.k8s import kopf_startup
 from tidal.k8s.controller import Controller
 from tidal.k8s.deletions import FINALIZER
-from tidal.k8s.informer import PodInformer
+from tidal.k8s.informer import Informers
 from tidal.k8s.priority import priority_class_view
 from tidal.k8s.quota import quota_view
-from tidal.k8s.state import ClusterState, node_view, resource_view
-from tidal.k8s.supernodes import discover
+from tidal.k8s.state import ClusterState, resource_view
+from tidal.k8s.supernodes import Discovery
 from tidal.k8s.watch import TABLES
 
 log = structlog.get_logger("tidal")
@@ -120,11 +121,6 @@ def _feed(memo: kopf.Memo, event: dict[str, Any], kind: str, key: Any, make: Any
     memo.controller.cache.feed(kind, key, view)
 
 
-@kopf.index("", "v1", "nodes")
-def tidal_nodes(name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-    return {name: _indexed(memo, node_view(dict(body)))}
-
-
 def _served(namespace: str | None, memo: kopf.Memo, **_: Any) -> bool:
     # `tidal run --namespace` limits the TrainingJobs and InferencePools served, not what is
     # watched: kopf runs cluster-wide so every GPU pod on every node is seen, whatever its namespace.
@@ -158,14 +154,12 @@ def tidal_quotas(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **
 
 
 # async: on the event loop, after kopf stored the event in the index (see the module docstring).
-@kopf.on.event("", "v1", "nodes")
-async def feed_nodes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _feed(memo, event, "node", name, node_view, body)
-
-
 @kopf.on.event(API_GROUP, API_VERSION, "supernodes")
 async def feed_supernodes(name: str, event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     _feed(memo, event, "supernode", name, resource_view, body)
+    discovery: Discovery | None = memo.discovery
+    if discovery is not None:
+        discovery.seen(name, gone=event.get("type") == "DELETED")
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "trainingjobs", when=_served)
@@ -198,11 +192,13 @@ def _single(index: kopf.Index) -> dict[Any, Any]:
     return {key: value for key, store in index.items() for value in store}
 
 
-def state_from(indices: dict[str, kopf.Index], pods: dict[Any, Any] | None = None) -> ClusterState:
-    """A copy of kopf's indices, and the pods (the informer's: k8s/informer.py)."""
+def state_from(
+    indices: dict[str, kopf.Index], pods: dict[Any, Any] | None = None, nodes: dict[Any, Any] | None = None
+) -> ClusterState:
+    """A copy of kopf's indices, and the pods and nodes (the informers': k8s/informer.py)."""
     return ClusterState(
         pods=pods or {},
-        nodes=_single(indices["tidal_nodes"]),
+        nodes=nodes or {},
         supernodes=_single(indices["tidal_supernodes"]),
         jobs=_single(indices["tidal_jobs"]),
         pools=_single(indices["tidal_pools"]),
@@ -213,14 +209,14 @@ def state_from(indices: dict[str, kopf.Index], pods: dict[Any, Any] | None = Non
 
 async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     controller: Controller = memo.controller
-    informer: PodInformer = memo.pod_informer
-    if not informer.synced.is_set():
-        return  # no cycle before the pods' first listing: it would see a cluster without pods
+    informers: Informers = memo.informers
+    if not informers.synced():
+        return  # no cycle before the first listings of pods and nodes: it would see half a cluster
     if not controller.last_tick:
         # After (re)start, timers run only once the startup gate opened and peering let us act.
         log.info("first tick: timers running")
     controller.last_tick = time.monotonic()
-    informer.queue_if_stale()
+    informers.queue_if_stale()
     stuck = controller.stuck_report()
     if stuck:
         log.error("controller stuck", message=stuck, failures_in_a_row=controller.failures)
@@ -229,18 +225,18 @@ async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
     indices = {k: v for k, v in kwargs.items() if k.startswith("tidal_")}
     copy = None
     if controller.resync_due():
-        # A full copy of the indices and the informer's pods (at the first tick, then rarely),
+        # A full copy of the indices and the informers' tables (at the first tick, then rarely),
         # queued for the cycle: it supersedes the events queued before it, which are all in it
-        # (fed after kopf indexed them; the pods' fed under the lock the copy is made under).
-        def queue(pods: dict[Any, Any]) -> None:
+        # (fed after kopf indexed them; the informers' fed under the locks the copy is made under).
+        def queue(pods: dict[Any, Any], nodes: dict[Any, Any]) -> None:
             nonlocal copy
-            copy = state_from(indices, pods)
+            copy = state_from(indices, pods, nodes)
             controller.cache.resync(copy)
 
-        informer.copy_pods(queue)
+        informers.copy(queue)
     if controller.relisted and not _audits and controller.audit_due():
         kinds, controller.relisted = set(controller.relisted), set()
-        task = asyncio.create_task(audit_indices(controller, copy or state_from(indices), kinds))
+        task = asyncio.create_task(audit_indices(controller, copy or state_from(indices), kinds, memo.discovery))
         _audits.add(task)  # a reference, so the task is not collected while it runs
         task.add_done_callback(_audits.discard)
     # Planning is CPU-bound Python: a worker thread keeps kopf's watches, probes and peering going.
@@ -250,24 +246,28 @@ async def _tick(memo: kopf.Memo, kwargs: dict[str, Any]) -> None:
 _audits: set[asyncio.Task[None]] = set()
 
 
-async def audit_indices(controller: Controller, before: ClusterState, kinds: set[str]) -> None:
+async def audit_indices(
+    controller: Controller, before: ClusterState, kinds: set[str], discovery: Discovery | None = None
+) -> None:
     """Drop from the cache what the API server no longer has though no watch said it was deleted.
 
     kopf lists again after a 410 Gone or a peering pause, and an object deleted in between gets
-    no DELETED event: kopf keeps it in its index for good (a node that is gone stays Ready in the
-    snapshot; a job's placement stays booked). So now and then the keys of every watched kind are
+    no DELETED event: kopf keeps it in its index for good (a job's placement stays booked; a
+    Supernode's nodes stay in one). So now and then the keys of every watched kind are
     listed (metadata only) and what the indices held before that LIST began but the LIST lacks is
     forgotten (`WatchCache.forget`): it was deleted by the time the LIST was served. `before` is a
     copy of the indices made on the event loop as the LIST begins. Only the kinds kopf listed
-    again since the last audit (`kinds`, from `_feed`) are listed: a LIST of every node of a large
-    cluster is not free, and without a re-list nothing can be left behind. Pods need none: the
-    informer's own LIST replaces its table (k8s/informer.py)."""
+    again since the last audit (`kinds`, from `_feed`) are listed: a LIST is not free, and without
+    a re-list nothing can be left behind. Pods and nodes need none: an informer's own LIST replaces
+    its table (k8s/informer.py). Supernode discovery takes the Supernodes' LIST as what exists."""
     try:
         listed = await asyncio.to_thread(lambda: {kind: controller.api.list_keys(kind) for kind in kinds})
     except Exception as e:  # the next audit tries again; the cache is no worse than before
         log.warning("index audit failed", error=f"{type(e).__name__}: {e}")
         controller.relisted |= kinds
         return
+    if "supernode" in listed and discovery is not None:
+        discovery.reset(listed["supernode"])
     phantoms = [
         (kind, key, view)
         for kind in sorted(kinds)
@@ -305,22 +305,3 @@ async def tick_pools(memo: kopf.Memo, **kwargs: Any) -> None:
 @kopf.timer(API_GROUP, API_VERSION, "supernodes", interval=TICK_SECONDS)
 async def tick_supernodes(memo: kopf.Memo, **kwargs: Any) -> None:
     await _tick(memo, kwargs)
-
-
-@kopf.on.event("", "v1", "nodes")
-async def discover_supernode(memo: kopf.Memo, body: kopf.Body, tidal_supernodes: kopf.Index, **_: Any) -> None:
-    label = memo.discover_label
-    if not label:
-        return
-    node = node_view(dict(body))
-    # kopf's index keeps a Supernode deleted while its watch was down; the audit forgot it, so a
-    # node still labelled for it brings it back.
-    cache = memo.controller.cache
-    known = {
-        name
-        for name, store in tidal_supernodes.items()
-        if any(not cache.known_gone("supernode", name, v) for v in store)
-    }
-    created = await asyncio.to_thread(discover, memo.controller.api, label, node, known, memo.accelerators)
-    if created:
-        kopf.info(dict(body), reason="SupernodeDiscovered", message=f"created Supernode {created} from {label}")

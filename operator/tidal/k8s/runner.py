@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from tidal.k8s import handlers  # noqa: F401  (registers the handlers)
     from tidal.k8s.api import Api, RetryPolicy, load_client
     from tidal.k8s.controller import Controller
-    from tidal.k8s.informer import PodInformer
+    from tidal.k8s.informer import NODES, PODS, Informer, Informers
+    from tidal.k8s.supernodes import Discovery
 
     api_client = load_client(str(args.kubeconfig) if args.kubeconfig else None)
     api = Api(api_client, policy=RetryPolicy(timeout_seconds=args.api_timeout))
@@ -52,10 +53,21 @@ def run(args: argparse.Namespace) -> int:
         admission_timeout_seconds=settings.admission_timeout_seconds,
     )
     controller = Controller(api, clock, settings)
-    # Pods are watched outside kopf (k8s/informer.py), from now on: a replica standing by (kopf
-    # peering) keeps a warm cache, and takes over without listing every pod first.
-    pod_informer = PodInformer(api_client, controller.cache, active=controller.ticking)
-    pod_informer.start()
+    accelerators = tuple(args.accelerator_resources.split(","))
+    discovery = Discovery(api, args.discover_supernodes, accelerators) if args.discover_supernodes else None
+    # Pods and nodes are watched outside kopf (k8s/informer.py), from now on: a replica standing by
+    # (kopf peering) keeps a warm cache, and takes over without listing every pod and node first.
+    informers = Informers(
+        pods=Informer(api_client, controller.cache, active=controller.ticking, watched=PODS),
+        nodes=Informer(
+            api_client,
+            controller.cache,
+            active=controller.ticking,
+            watched=NODES,
+            on_object=discovery.node if discovery is not None else None,
+        ),
+    )
+    informers.start()
     if args.metrics_port:
         from tidal.metrics import Metrics
 
@@ -64,9 +76,8 @@ def run(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port)
     memo = kopf.Memo(
         controller=controller,
-        pod_informer=pod_informer,
-        discover_label=args.discover_supernodes or None,
-        accelerators=tuple(args.accelerator_resources.split(",")),
+        informers=informers,
+        discovery=discovery,
         served_namespaces=frozenset(args.namespace),
     )
     kopf.run(
