@@ -45,6 +45,8 @@ CYCLE_LOG = "k8s/cycle_log.py"
 RUNNER = "k8s/runner.py"
 INFORMER = "k8s/informer.py"
 HANDLERS = "k8s/handlers.py"
+SUPERNODES = "k8s/supernodes.py"
+DISCOVERY_TESTS = "tests/unit/test_discovery.py::"
 WATCH = "k8s/watch.py"
 LIVE = "k8s/live_resize.py"
 API = "k8s/api.py"
@@ -126,6 +128,8 @@ SAFETY = {
     HANDLERS: (
         "tests/unit/test_handlers.py::test_a_failing_cycle_is_an_error_restarts_from_a_listing_and_fails_healthz",
     ),
+    # Discovery still creates a missing Supernode once, and nothing that exists.
+    SUPERNODES: (DISCOVERY_TESTS + "test_work_seeds_once_creates_what_is_missing_and_tells_the_node_that_named_it",),
     # A quiet cluster still logs no cycle summaries.
     CYCLE_LOG: ("tests/unit/test_cycle_log.py::test_quiet_cycles_log_nothing_however_long_the_wait",),
     API: ("tests/unit/test_api_retry.py::test_throttling_and_server_errors_are_retried_with_backoff",),
@@ -1235,11 +1239,25 @@ MUTANTS = [
         "tests/unit/test_informer.py::test_node_events_reach_the_cache_a_heartbeat_is_not_queued_but_the_hook_sees_it",
     ),
     Mutant(
-        "discovery takes the audit's LIST of Supernodes as what exists",
+        "discovery forgets the Supernodes the audit's LIST lacks",
         HANDLERS,
-        'discovery.reset(listed["supernode"])',
+        'discovery.prune(listed["supernode"])',
         "pass",
         "tests/unit/test_handlers.py::test_a_supernode_deleted_while_its_watch_was_down_is_discovered_again",
+    ),
+    Mutant(
+        "the audit's LIST only takes names out of what discovery knows",
+        SUPERNODES,
+        "self.known &= names",
+        "self.known = set(names)",
+        DISCOVERY_TESTS + "test_a_deletion_heard_while_the_audits_list_was_served_is_not_undone",
+    ),
+    Mutant(
+        "a deletion heard while the seeding LIST was out is not undone by it",
+        SUPERNODES,
+        "self.known |= listed - self._deleted",
+        "self.known |= listed",
+        DISCOVERY_TESTS + "test_a_deletion_heard_while_the_seeding_list_was_out_is_not_undone",
     ),
     Mutant(
         "only the container's own process takes the pod's name as its peering identity",

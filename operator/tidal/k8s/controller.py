@@ -188,8 +188,8 @@ class Controller:
         return not self.lock.locked() and time.monotonic() - self._last_start >= self.settings.min_cycle_seconds
 
     def ticking(self) -> bool:
-        """Whether timers tick now (not standing by, paused by peering or starting): the pod
-        informer queues events only then (k8s/informer.py)."""
+        """Whether timers tick now (not standing by, paused by peering or starting): the pod and
+        node informers queue events only then (k8s/informer.py)."""
         return bool(self.last_tick) and time.monotonic() - self.last_tick < TICKING_SECONDS
 
     def claim(self) -> bool:

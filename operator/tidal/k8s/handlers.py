@@ -23,8 +23,10 @@ The copy is queued like an event (`WatchCache.resync`) and applied by whichever 
 the cycle's worker thread; the event loop (watches, probes, peering) never waits for planning.
 
 Every handler here is paused by kopf peering when a higher-priority tidal replica is active, so
-two replicas never both act. Timers on Supernodes and TrainingJobs call the same rate-limited
-cycle; the cycle looks at the whole cluster, so it does not matter which object's timer fired.
+two replicas never both act (the informers keep watching in a standby, and Supernode discovery,
+an idempotent create, runs there too: k8s/supernodes.py). Timers on Supernodes and TrainingJobs
+call the same rate-limited cycle; the cycle looks at the whole cluster, so it does not matter which
+object's timer fired.
 """
 
 from __future__ import annotations
@@ -259,7 +261,7 @@ async def audit_indices(
     copy of the indices made on the event loop as the LIST begins. Only the kinds kopf listed
     again since the last audit (`kinds`, from `_feed`) are listed: a LIST is not free, and without
     a re-list nothing can be left behind. Pods and nodes need none: an informer's own LIST replaces
-    its table (k8s/informer.py). Supernode discovery takes the Supernodes' LIST as what exists."""
+    its table (k8s/informer.py). Supernode discovery forgets the Supernodes the LIST lacks."""
     try:
         listed = await asyncio.to_thread(lambda: {kind: controller.api.list_keys(kind) for kind in kinds})
     except Exception as e:  # the next audit tries again; the cache is no worse than before
@@ -267,7 +269,7 @@ async def audit_indices(
         controller.relisted |= kinds
         return
     if "supernode" in listed and discovery is not None:
-        discovery.reset(listed["supernode"])
+        discovery.prune(listed["supernode"])
     phantoms = [
         (kind, key, view)
         for kind in sorted(kinds)

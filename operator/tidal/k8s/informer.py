@@ -28,8 +28,9 @@ half the pods or half the nodes. The watches run while kopf peering keeps this r
 by, so a replica that takes over does not list every pod and node first. While no cycle runs
 (standing by, paused, not started) events only update the tables: queued for nobody, they would
 pile up for hours; the first tick after such a gap queues a copy of the table instead
-(`queue_if_stale`). `on_object` (Supernode discovery, k8s/supernodes.py) sees every object listed
-or watched but deleted ones, in the informer's thread, outside the lock.
+(`queue_if_stale`). `on_object(uid, view)` (Supernode discovery, k8s/supernodes.py) sees every
+object listed or watched but deleted ones, in the informer's thread, outside the lock: it must
+return at once (no API call), or the watch would stall behind it.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ def _name(body: dict[str, Any]) -> str:
     return (body.get("metadata") or {}).get("name") or ""
 
 
+def _uid(body: dict[str, Any]) -> str:
+    return (body.get("metadata") or {}).get("uid") or ""
+
+
 @dataclass(frozen=True)
 class Watched:
     """One kind an informer lists and watches: how it is asked for and filed in the cache."""
@@ -124,10 +129,10 @@ class Informer:
         watched: Watched = PODS,
         connect_timeout: float = 5.0,
         wait: Callable[[float], bool] | None = None,
-        on_object: Callable[[dict[str, Any], Any], None] | None = None,
+        on_object: Callable[[str, Any], None] | None = None,
     ):
         """`active()`: whether cycles run now (the operator ticked lately), so events are worth
-        queueing. `on_object(body, view)`: called for every interesting object listed or watched,
+        queueing. `on_object(uid, view)`: called for every interesting object listed or watched,
         but deleted ones; its failures are logged, never the watch's."""
         self.core = client.CoreV1Api(api_client)
         self.cache = cache
@@ -202,7 +207,7 @@ class Informer:
         """Every object now, one consistent snapshot in pages, queued as the kind's listing; the
         watch starts at its resourceVersion. An expired continue token is a 410: listed afresh."""
         table: dict[Any, Any] = {}
-        bodies: list[tuple[dict[str, Any], Any]] = []
+        seen: list[tuple[str, Any]] = []  # (uid, view) for `on_object`: not whole bodies, at 5,000 nodes
         token: str | None = None
         while True:
             page = self._request(LIST_READ_TIMEOUT_SECONDS, limit=LIST_PAGE, _continue=token)
@@ -212,7 +217,7 @@ class Informer:
                 if view is not None:
                     table[self.watched.key(item)] = view
                     if self._on_object is not None:
-                        bodies.append((item, view))
+                        seen.append((_uid(item), view))
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -227,8 +232,8 @@ class Informer:
         self.listings += 1
         self.synced.set()
         log.info(f"{self.kind}s listed", count=len(table), resource_version=self.version)
-        for item, view in bodies:
-            self._tell(item, view)
+        for uid, view in seen:
+            self._tell(uid, view)
 
     def watch(self, timeout_seconds: int = WATCH_SERVER_TIMEOUT_SECONDS) -> None:
         """Feed events from `self.version` until the server ends the watch, moving the version
@@ -306,15 +311,15 @@ class Informer:
             else:
                 self.stale = True
         if kind != "DELETED" and view is not None:
-            self._tell(body, view)
+            self._tell(_uid(body), view)
 
-    def _tell(self, body: dict[str, Any], view: Any) -> None:
+    def _tell(self, uid: str, view: Any) -> None:
         if self._on_object is None:
             return
         try:
-            self._on_object(body, view)
+            self._on_object(uid, view)
         except Exception as e:  # the hook's failure is its own: the watch goes on
-            log.error(f"{self.kind} hook failed", name=_name(body), error=f"{type(e).__name__}: {str(e)[:200]}")
+            log.error(f"{self.kind} hook failed", uid=uid, error=f"{type(e).__name__}: {str(e)[:200]}")
 
     def _view(self, body: dict[str, Any]) -> Any:
         """The object's view if it is one the cache holds, else None. An object the view cannot be

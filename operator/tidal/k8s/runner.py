@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     informers.start()
+    if discovery is not None:
+        discovery.start()
     if args.metrics_port:
         from tidal.metrics import Metrics
 

@@ -17,10 +17,10 @@ truth before it starts. `capacity_version` moves whenever any node's free GPUs g
 job that did not fit need not be tried again until it moves (the Kueue "inadmissible until the
 cluster changes" rule).
 
-Events are fed from kopf handlers on the event loop and, for pods, from the pod informer's thread
-(k8s/informer.py) (`feed`: an append), and applied by the cycle thread (`drain`), so neither waits
-for a cycle and the cycle never sees a half-applied change. A listing (`resync`: every kind, or the
-pods alone) is queued like an event, never applied where it is made: whichever cycle drains it
+Events are fed from kopf handlers on the event loop and, for pods and nodes, from the informers'
+threads (k8s/informer.py) (`feed`: an append), and applied by the cycle thread (`drain`), so neither
+waits for a cycle and the cycle never sees a half-applied change. A listing (`resync`: every kind,
+or one informer's kind alone) is queued like an event, never applied where it is made: whichever cycle drains it
 brings those tables to it and then applies only their events fed after it, so no event is lost
 when that cycle is skipped or late.
 """
