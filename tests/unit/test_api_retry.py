@@ -69,9 +69,25 @@ class Server:
         self.stop = threading.Event()
         owner = self
 
+        self.writes: list[tuple[str, str, dict[str, str], object]] = []
+        """Each POST and PATCH as received: method, path, headers (lower-cased names), JSON body."""
+
         class Handler(BaseHTTPRequestHandler):
+            def do_PATCH(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                owner.writes.append(("PATCH", self.path, headers, json.loads(raw)))
+                body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                owner.writes.append(("POST", self.path, headers, json.loads(raw or b"null")))
                 step = owner.script.pop(0) if owner.script else 201
                 owner.served.append(step)
                 if step == "hang":
@@ -108,7 +124,7 @@ class Server:
         self.http.daemon_threads = True
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
-    def api(self, tmp_path: Path, policy: RetryPolicy, sleeps: list[float]) -> Api:
+    def api(self, tmp_path: Path, policy: RetryPolicy, sleeps: list[float], token: str = "") -> Api:
         kubeconfig = tmp_path / "kubeconfig"
         server = f"http://127.0.0.1:{self.http.server_port}"
         kubeconfig.write_text(
@@ -118,7 +134,7 @@ class Server:
                     "kind": "Config",
                     "current-context": "t",
                     "clusters": [{"name": "t", "cluster": {"server": server}}],
-                    "users": [{"name": "t", "user": {}}],
+                    "users": [{"name": "t", "user": {"token": token} if token else {}}],
                     "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
                 }
             )
@@ -225,3 +241,26 @@ def test_a_delete_refused_by_its_uid_precondition_counts_as_done_and_other_refus
         except ApiException as e:
             raised.append(e.status)
     assert raised == [None, None, 403]
+
+
+def test_the_hot_writes_send_what_the_generated_client_sent(server, tmp_path):
+    """create_pod and remove_gate skip the generated client's models (`Api._send`): the same
+    path, JSON body, content type, bearer token and user agent reach the server."""
+    s = server([])
+    api = s.api(tmp_path, RetryPolicy(), [], token="secret-token")
+    pod = {**POD, "metadata": {"name": "p", "namespace": "team a"}}  # a name that must be quoted
+    assert api.create_pod(pod) is True
+    api.remove_gate("team a", "p 0", "tidal.dev/gang", ["tidal.dev/gang", "other"])
+    (post, post_path, post_headers, post_body), (patch, patch_path, patch_headers, patch_body) = s.writes
+    assert (post, post_path, post_body) == ("POST", "/api/v1/namespaces/team%20a/pods", pod)
+    assert post_headers["content-type"] == "application/json"
+    assert (patch, patch_path) == ("PATCH", "/api/v1/namespaces/team%20a/pods/p%200")
+    assert patch_headers["content-type"] == "application/json-patch+json"
+    assert patch_body == [
+        {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": "tidal.dev/gang"}, {"name": "other"}]},
+        {"op": "replace", "path": "/spec/schedulingGates", "value": [{"name": "other"}]},
+    ]
+    for headers in (post_headers, patch_headers):
+        assert headers["authorization"] == "Bearer secret-token"
+        assert headers["user-agent"].startswith("tidal/")
+    assert api.requests["create_pod"] == 1 and api.requests["ungate_pod"] == 1
