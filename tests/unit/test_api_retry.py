@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import structlog
 import yaml
 from kubernetes.client.exceptions import ApiException
 
@@ -58,8 +59,19 @@ class Server:
     """An API server on 127.0.0.1 that answers pod creates from a script: each entry an HTTP
     status (with Retry-After: 0 on 429), or "hang" (no answer for `hang_seconds`)."""
 
-    def __init__(self, script: list[int | str], hang_seconds: float = 5.0, delete_script: list[int] | None = None):
+    def __init__(
+        self,
+        script: list[int | str],
+        hang_seconds: float = 5.0,
+        delete_script: list[int] | None = None,
+        patch_script: list[int] | None = None,
+        warning: str = "",
+    ):
         self.script = list(script)
+        self.patch_script = list(patch_script or [])
+        """HTTP statuses the PATCHes get, in order (200 once it runs out)."""
+        self.warning = warning
+        """A `Warning` header every successful POST answer carries."""
         self.delete_script = list(delete_script or [])
         """HTTP statuses the DELETEs get, in order (200 once it runs out)."""
         self.served: list[int | str] = []
@@ -77,8 +89,11 @@ class Server:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 owner.writes.append(("PATCH", self.path, headers, json.loads(raw)))
+                step = owner.patch_script.pop(0) if owner.patch_script else 200
                 body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
-                self.send_response(200)
+                if step != 200:
+                    body = json.dumps({"kind": "Status", "code": step, "reason": "Injected"}).encode()
+                self.send_response(step)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -101,6 +116,8 @@ class Server:
                 self.send_header("Content-Length", str(len(body)))
                 if step == 429:
                     self.send_header("Retry-After", "0")
+                if step == 201 and owner.warning:
+                    self.send_header("Warning", owner.warning)
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -248,13 +265,13 @@ def test_the_hot_writes_send_what_the_generated_client_sent(server, tmp_path):
     path, JSON body, content type, bearer token and user agent reach the server."""
     s = server([])
     api = s.api(tmp_path, RetryPolicy(), [], token="secret-token")
-    pod = {**POD, "metadata": {"name": "p", "namespace": "team a"}}  # a name that must be quoted
+    pod = {**POD, "metadata": {"name": "p", "namespace": "a/b"}}  # quoted by us: urllib3 leaves "/" alone
     assert api.create_pod(pod) is True
-    api.remove_gate("team a", "p 0", "tidal.dev/gang", ["tidal.dev/gang", "other"])
+    api.remove_gate("a/b", "p/0", "tidal.dev/gang", ["tidal.dev/gang", "other"])
     (post, post_path, post_headers, post_body), (patch, patch_path, patch_headers, patch_body) = s.writes
-    assert (post, post_path, post_body) == ("POST", "/api/v1/namespaces/team%20a/pods", pod)
+    assert (post, post_path, post_body) == ("POST", "/api/v1/namespaces/a%2Fb/pods", pod)
     assert post_headers["content-type"] == "application/json"
-    assert (patch, patch_path) == ("PATCH", "/api/v1/namespaces/team%20a/pods/p%200")
+    assert (patch, patch_path) == ("PATCH", "/api/v1/namespaces/a%2Fb/pods/p%2F0")
     assert patch_headers["content-type"] == "application/json-patch+json"
     assert patch_body == [
         {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": "tidal.dev/gang"}, {"name": "other"}]},
@@ -263,4 +280,59 @@ def test_the_hot_writes_send_what_the_generated_client_sent(server, tmp_path):
     for headers in (post_headers, patch_headers):
         assert headers["authorization"] == "Bearer secret-token"
         assert headers["user-agent"].startswith("tidal/")
+        assert headers["accept"] == "application/json"
     assert api.requests["create_pod"] == 1 and api.requests["ungate_pod"] == 1
+
+
+def test_a_refreshed_token_is_the_one_sent(server, tmp_path):
+    """The client's refresh hook (exec plugins, a rotated ServiceAccount token) runs per request
+    on the hot path too: the second create carries the new token."""
+    s = server([])
+    api = s.api(tmp_path, RetryPolicy(), [], token="first")
+    assert api.create_pod(POD) is True
+    configuration = api.core.api_client.configuration
+
+    def refresh(c: object) -> None:
+        c.api_key["BearerToken"] = "Bearer second"  # type: ignore[attr-defined]
+
+    configuration.refresh_api_key_hook = refresh
+    assert api.create_pod(POD) is True
+    assert [headers["authorization"] for _, _, headers, _ in s.writes] == ["Bearer first", "Bearer second"]
+
+
+@pytest.mark.parametrize(
+    ("statuses", "outcome", "sent"),
+    [
+        ([404], None, 1),  # the pod is gone
+        ([409], None, 1),  # the gates changed: the next cycle looks again
+        ([422], None, 1),  # the JSON patch's test failed: the same
+        ([429, 503], None, 3),  # transient: retried
+        ([403], ApiException, 1),
+        ([400], ApiException, 1),
+    ],
+)
+def test_a_gate_removal_takes_a_gone_or_changed_pod_as_done_retries_transients_and_raises_the_rest(
+    server, tmp_path, statuses, outcome, sent
+):
+    s = server([], patch_script=statuses)
+    api = s.api(tmp_path, RetryPolicy(attempts=4), [])
+    if outcome is None:
+        api.remove_gate("ns", "p", "tidal.dev/gang", ["tidal.dev/gang"])
+    else:
+        with pytest.raises(outcome):
+            api.remove_gate("ns", "p", "tidal.dev/gang", ["tidal.dev/gang"])
+    assert len(s.writes) == sent
+
+
+def test_a_quantity_given_as_a_number_is_sent_and_a_servers_warning_logged_once(server, tmp_path):
+    """The CRD allows `cpu: 1`; the generated client refused it before sending. A field the server
+    drops comes back as a Warning header: logged once however many pods carry it."""
+    s = server([], warning='299 - "unknown field \\"spec.containers[0].bogus\\""')
+    api = s.api(tmp_path, RetryPolicy(), [])
+    pod = {**POD, "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": 1}}}]}}
+    with structlog.testing.capture_logs() as logs:
+        assert api.create_pod(pod) is True
+        assert api.create_pod(pod) is True
+    assert [w[3]["spec"]["containers"][0]["resources"] for w in s.writes] == [{"requests": {"cpu": 1}}] * 2
+    warned = [e for e in logs if e["event"] == "API server warning"]
+    assert len(warned) == 1 and "unknown field" in warned[0]["warning"]

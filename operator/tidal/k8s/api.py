@@ -157,6 +157,7 @@ class Api:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-api")
+        self._warnings: set[str] = set()
 
     def _send(
         self, method: str, path: str, body: Any, content_type: str = "application/json", _request_timeout: Any = None
@@ -168,7 +169,10 @@ class Api:
         left kopf, that was a fifth of the operator's CPU while a gang started (bench.operator
         with --py-spy, issue 36). Here the same ApiClient (its auth, TLS, connection pool and user
         agent) sends the dict as JSON and only the status is read; an error is the same
-        ApiException the generated method raises (status, reason, body, headers for Retry-After)."""
+        ApiException the generated method raises (status, reason, body, headers for Retry-After).
+        Nothing checks the body here: a quantity given as a number (`cpu: 1`, which the CRD allows
+        and the generated client refused) goes as the API server takes it, and a field it does not
+        know comes back as a `Warning` header, logged (`_warned`)."""
         api_client = self.core.api_client
         method, url, headers, _, _ = api_client.param_serialize(
             method=method,
@@ -178,9 +182,22 @@ class Api:
         )
         response = api_client.call_api(method, url, header_params=headers, body=body, _request_timeout=_request_timeout)
         data = response.read()
+        warning = response.getheader("Warning")
+        if warning:
+            self._warned(warning, path)
         if not 200 <= response.status <= 299:
             text = data.decode("utf-8", "replace") if data else None
             raise ApiException.from_response(http_resp=response, body=text, data=None)
+
+    def _warned(self, warning: str, path: str) -> None:
+        """The API server's `Warning` header (a field it dropped, a deprecation), once per text:
+        no body is checked here before it is sent (`_send`), so this is where a template's unknown
+        field shows; a gang's 4,096 pods with the same warning log it once."""
+        with self._lock:
+            if warning in self._warnings:
+                return
+            self._warnings.add(warning)
+        log.warning("API server warning", warning=warning[:500], path=path)
 
     def _count(self, verb: str) -> None:
         with self._lock:
