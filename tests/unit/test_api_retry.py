@@ -89,15 +89,7 @@ class Server:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 owner.writes.append(("PATCH", self.path, headers, json.loads(raw)))
-                step = owner.patch_script.pop(0) if owner.patch_script else 200
-                body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
-                if step != 200:
-                    body = json.dumps({"kind": "Status", "code": step, "reason": "Injected"}).encode()
-                self.send_response(step)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.answer(owner.patch_script.pop(0) if owner.patch_script else 200, 200)
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -108,29 +100,25 @@ class Server:
                 if step == "hang":
                     owner.stop.wait(owner.hang_seconds)
                     return
-                body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
-                if step != 201:
-                    body = json.dumps({"kind": "Status", "code": step, "reason": "Injected"}).encode()
-                self.send_response(int(step))
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                if step == 429:
-                    self.send_header("Retry-After", "0")
-                if step == 201 and owner.warning:
-                    self.send_header("Warning", owner.warning)
-                self.end_headers()
-                self.wfile.write(body)
+                self.answer(int(step), 201, warning=owner.warning)
 
             def do_DELETE(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 owner.deletes.append((self.path, json.loads(raw or b"{}"), self.headers.get("User-Agent", "")))
-                step = owner.delete_script.pop(0) if owner.delete_script else 200
+                self.answer(owner.delete_script.pop(0) if owner.delete_script else 200, 200)
+
+            def answer(self, step: int, ok: int, warning: str = "") -> None:
+                """A pod for `ok`, else an injected Status; a 429 says Retry-After: 0."""
                 body = json.dumps({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p"}}).encode()
-                if step != 200:
+                if step != ok:
                     body = json.dumps({"kind": "Status", "code": step, "reason": "Injected"}).encode()
                 self.send_response(step)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if step == 429:
+                    self.send_header("Retry-After", "0")
+                if step == ok and warning:
+                    self.send_header("Warning", warning)
                 self.end_headers()
                 self.wfile.write(body)
 
