@@ -1234,8 +1234,8 @@ MUTANTS = [
     Mutant(
         "a node event that changes nothing the cache reads still reaches discovery",
         INFORMER,
-        "                fed = _UNCHANGED\n",
-        "                return\n",
+        "            elif view != held:  # an equal view (a node's heartbeat) changes nothing the cache reads\n",
+        "            elif view == held:\n                return\n            else:\n",
         "tests/unit/test_informer.py::test_node_events_reach_the_cache_a_heartbeat_is_not_queued_but_the_hook_sees_it",
     ),
     Mutant(

@@ -225,7 +225,7 @@ class Informer:
         with self.lock:
             self.table = table
             if self._active():
-                self.cache.resync(ClusterState(**{TABLES[self.kind]: dict(table)}), kinds=(self.kind,))
+                self._queue_table()
             else:
                 self.stale = True
         self.version = str(meta.get("resourceVersion") or "")
@@ -291,27 +291,29 @@ class Informer:
             return
         with self.lock:
             held = self.table.get(key)
-            fed: Any
             if kind == "DELETED":
                 if held is not None and view is not None and _same_object(held, view):
                     del self.table[key]
-                fed = self.watched.deleted(view) if view is not None else None
+                self._feed(key, self.watched.deleted(view) if view is not None else None)
             elif view is None:  # no longer one the cache holds: out, no uid remembered
                 del self.table[key]
-                fed = None
-            elif view == held:  # nothing the cache reads changed (a node's heartbeat): not queued
-                fed = _UNCHANGED
-            else:
+                self._feed(key, None)
+            elif view != held:  # an equal view (a node's heartbeat) changes nothing the cache reads
                 self.table[key] = view
-                fed = view
-            if fed is _UNCHANGED:
-                pass
-            elif self._active():
-                self.cache.feed(self.kind, key, fed)
-            else:
-                self.stale = True
+                self._feed(key, view)
         if kind != "DELETED" and view is not None:
             self._tell(_uid(body), view)
+
+    def _feed(self, key: Any, fed: Any) -> None:
+        """Under the lock: queue the event if cycles run, else mark the table ahead of the cache."""
+        if self._active():
+            self.cache.feed(self.kind, key, fed)
+        else:
+            self.stale = True
+
+    def _queue_table(self) -> None:
+        """Under the lock: queue a copy of the table as the kind's listing."""
+        self.cache.resync(ClusterState(**{TABLES[self.kind]: dict(self.table)}), kinds=(self.kind,))
 
     def _tell(self, uid: str, view: Any) -> None:
         if self._on_object is None:
@@ -340,7 +342,7 @@ class Informer:
         supersedes the kind's events queued before it)."""
         with self.lock:
             if self.stale:
-                self.cache.resync(ClusterState(**{TABLES[self.kind]: dict(self.table)}), kinds=(self.kind,))
+                self._queue_table()
                 self.stale = False
 
     def copy(self, queue: Callable[[dict[Any, Any]], None]) -> None:
@@ -348,9 +350,6 @@ class Informer:
         with self.lock:
             queue(dict(self.table))
             self.stale = False
-
-
-_UNCHANGED = object()
 
 
 def _same_object(held: Any, view: Any) -> bool:
@@ -367,10 +366,6 @@ class Informers:
     def start(self) -> None:
         self.pods.start()
         self.nodes.start()
-
-    def stop(self) -> None:
-        self.pods.stop()
-        self.nodes.stop()
 
     def synced(self) -> bool:
         """Both first listings queued: no cycle may start before (it would see half a cluster)."""

@@ -198,8 +198,8 @@ class Discovery:
                 if not self.pending:
                     return created
                 name, (uid, node) = next(iter(self.pending.items()))
-                known = set(self.known)
-            made = discover(self.api, self.label, node, known, self.accelerators)
+                exists = name in self.known  # since it was noted: the seeding LIST, kopf's event
+            made = None if exists else discover(self.api, self.label, node, set(), self.accelerators)
             with self.lock:
                 self.known.add(name)  # created, known already, or made meanwhile by someone else (409)
                 self.pending.pop(name, None)
